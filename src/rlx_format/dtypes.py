@@ -1,0 +1,65 @@
+"""Element types of the graph IR and their numpy counterparts.
+
+bf16 has no numpy dtype: it is carried as its raw 16-bit pattern (uint16) in files and
+widened to float32 when a tensor is used for compute.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import RlxError
+
+# IR dtype name -> numpy storage dtype (little-endian)
+NUMPY_DTYPES: dict[str, np.dtype] = {
+    "f32": np.dtype("<f4"),
+    "f16": np.dtype("<f2"),
+    "bf16": np.dtype("<u2"),
+    "f64": np.dtype("<f8"),
+    "i64": np.dtype("<i8"),
+    "i32": np.dtype("<i4"),
+    "i16": np.dtype("<i2"),
+    "i8": np.dtype("i1"),
+    "u8": np.dtype("u1"),
+    "bool": np.dtype("bool"),
+}
+DTYPES = tuple(NUMPY_DTYPES)
+FLOAT_DTYPES = frozenset({"f32", "f16", "bf16", "f64"})
+INT_DTYPES = frozenset({"i64", "i32", "i16", "i8", "u8"})
+
+_FROM_NUMPY = {np.dtype(v).newbyteorder("="): k for k, v in NUMPY_DTYPES.items() if k != "bf16"}
+
+
+def check_dtype(name: object, where: str) -> str:
+    if not isinstance(name, str) or name not in NUMPY_DTYPES:
+        raise RlxError(f"{where}: unknown dtype {name!r}; expected one of {', '.join(DTYPES)}")
+    return name
+
+
+def dtype_of_array(a: np.ndarray) -> str:
+    """IR dtype name of a numpy array (uint16 is not mapped: bf16 must be declared)."""
+    dt = np.dtype(a.dtype).newbyteorder("=")
+    try:
+        return _FROM_NUMPY[dt]
+    except KeyError:
+        raise RlxError(
+            f"numpy dtype {a.dtype} has no rlx equivalent; expected one of "
+            f"float32/float16/float64/int64/int32/int16/int8/uint8/bool"
+        ) from None
+
+
+def compute_dtype(name: str) -> np.dtype:
+    """numpy dtype used for arithmetic on a value of IR dtype `name` (bf16 -> f32)."""
+    return np.dtype(np.float32) if name == "bf16" else NUMPY_DTYPES[name]
+
+
+def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def f32_to_bf16(x: np.ndarray) -> np.ndarray:
+    """Round-to-nearest-even f32 -> bf16 bit patterns (NaN stays NaN)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
+    nan = np.isnan(x)
+    return np.where(nan, (u >> 16) | 0x40, rounded).astype(np.uint16)

@@ -1,0 +1,407 @@
+"""Graph IR and graph.json v1.
+
+A graph declares inputs (fed at run time), params (weights bound later), constants (values
+known now; `value is None` means "stored in the .rlx weight table under the same name") and
+nodes, one output value per node named like the node (SSA). Loading validates everything
+and reports the first problem with the node name; see spec/graph-json.md.
+"""
+
+from __future__ import annotations
+
+import difflib
+import heapq
+import json
+import os
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .dtypes import NUMPY_DTYPES, bf16_to_f32, check_dtype, f32_to_bf16
+from .errors import GraphError
+from .ops import LEAF_OPS, OPS, InferCtx, TensorType, normalize_attrs
+
+FORMAT_NAME = "rlx.graph"
+GRAPH_VERSION_MAJOR = 1
+GRAPH_VERSION_MINOR = 0
+_TOP_KEYS = ("format", "version", "name", "inputs", "params", "constants", "nodes", "outputs")
+
+
+@dataclass
+class Node:
+    name: str
+    op: str
+    inputs: list[str]
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Value:
+    """A declared leaf: graph input, param or constant."""
+
+    name: str
+    dtype: str
+    shape: tuple
+    value: np.ndarray | None = None  # constants only
+
+    @property
+    def type(self) -> TensorType:
+        return TensorType(self.dtype, tuple(self.shape))
+
+
+class Graph:
+    """A validated compute graph. Nodes are kept in topological order."""
+
+    def __init__(self, name: str, inputs: list[Value], params: list[Value], constants: list[Value],
+                 nodes: list[Node], outputs: list[str], *, validate: bool = True):
+        self.name = name
+        self.inputs = list(inputs)
+        self.params = list(params)
+        self.constants = {c.name: c for c in constants}
+        self.nodes = list(nodes)
+        self.outputs = list(outputs)
+        self.types: dict[str, TensorType] = {}
+        if validate:
+            self.validate()
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def input_names(self) -> list[str]:
+        return [v.name for v in self.inputs]
+
+    @property
+    def param_names(self) -> list[str]:
+        return [v.name for v in self.params]
+
+    def leaf_kind(self, name: str) -> str | None:
+        if name in self.constants:
+            return "Constant"
+        if any(v.name == name for v in self.params):
+            return "Param"
+        if any(v.name == name for v in self.inputs):
+            return "Input"
+        return None
+
+    def node_map(self) -> dict[str, Node]:
+        return {n.name: n for n in self.nodes}
+
+    def consumers(self) -> dict[str, list[Node]]:
+        out: dict[str, list[Node]] = {}
+        for n in self.nodes:
+            for i in n.inputs:
+                out.setdefault(i, []).append(n)
+        return out
+
+    def copy(self) -> Graph:
+        g = Graph.__new__(Graph)
+        g.name = self.name
+        g.inputs = [Value(v.name, v.dtype, tuple(v.shape)) for v in self.inputs]
+        g.params = [Value(v.name, v.dtype, tuple(v.shape)) for v in self.params]
+        g.constants = {k: Value(c.name, c.dtype, tuple(c.shape), c.value) for k, c in self.constants.items()}
+        g.nodes = [Node(n.name, n.op, list(n.inputs), dict(n.attrs)) for n in self.nodes]
+        g.outputs = list(self.outputs)
+        g.types = dict(self.types)
+        return g
+
+    def __repr__(self) -> str:
+        return (f"Graph({self.name!r}, inputs={self.input_names}, params={len(self.params)}, "
+                f"constants={len(self.constants)}, nodes={len(self.nodes)}, outputs={self.outputs})")
+
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> Graph:
+        """Check names, ops, attrs, arity, acyclicity and infer every type. Sorts nodes."""
+        seen: dict[str, str] = {}
+
+        def declare(name: object, what: str) -> None:
+            if not isinstance(name, str) or not name:
+                raise GraphError(f"{what}: name must be a non-empty string; got {name!r}")
+            if name in seen:
+                raise GraphError(f"duplicate name {name!r}: declared as {seen[name]} and as {what}")
+            seen[name] = what
+
+        types: dict[str, TensorType] = {}
+        consts: dict[str, np.ndarray] = {}
+        for kind, vals in (("input", self.inputs), ("param", self.params), ("constant", self.constants.values())):
+            for v in vals:
+                declare(v.name, f"{kind} {v.name!r}")
+                types[v.name] = _check_value(v, kind)
+                if v.value is not None:
+                    consts[v.name] = v.value
+        for n in self.nodes:
+            declare(n.name, f"node {n.name!r}")
+            if n.op in LEAF_OPS:
+                raise GraphError(f"node {n.name!r}: {n.op} is declared in the {n.op.lower()}s list, not as a node")
+            if n.op not in OPS:
+                close = difflib.get_close_matches(n.op, list(OPS), n=3)
+                hint = f"; did you mean {', '.join(close)}?" if close else f"; registered ops: {', '.join(sorted(OPS))}"
+                raise GraphError(f"node {n.name!r}: unknown op {n.op!r}{hint}")
+            spec = OPS[n.op]
+            if not isinstance(n.inputs, list) or not all(isinstance(i, str) for i in n.inputs):
+                raise GraphError(f"node {n.name!r}: inputs must be a list of names; got {n.inputs!r}")
+            if not spec.min_inputs <= len(n.inputs) <= spec.max_inputs:
+                want = spec.min_inputs if spec.min_inputs == spec.max_inputs else \
+                    f"{spec.min_inputs}..{spec.max_inputs}"
+                raise GraphError(f"node {n.name!r} ({n.op}): {len(n.inputs)} inputs; expected {want}")
+            n.attrs = {k: v for k, v in normalize_attrs(n.op, n.attrs, f"node {n.name!r}").items()}
+        for n in self.nodes:
+            for i in n.inputs:
+                if i not in seen:
+                    close = difflib.get_close_matches(i, list(seen), n=1)
+                    hint = f" (did you mean {close[0]!r}?)" if close else ""
+                    raise GraphError(f"node {n.name!r} ({n.op}): input {i!r} is not defined{hint}")
+        self.nodes = _toposort(self.nodes, set(types))
+        for n in self.nodes:
+            ctx = InferCtx(n.name, n.op, [types[i] for i in n.inputs], n.attrs, [consts.get(i) for i in n.inputs])
+            t = OPS[n.op].infer(ctx)
+            types[n.name] = t
+            if n.op == "Shape" and ctx.inputs[0].is_static():
+                consts[n.name] = np.array(ctx.inputs[0].shape, dtype=np.int64)
+        if not self.outputs:
+            raise GraphError("graph has no outputs; expected at least one name in 'outputs'")
+        for o in self.outputs:
+            if o not in types:
+                raise GraphError(f"output {o!r} names nothing; expected an input, param, constant or node name")
+        if len(set(self.outputs)) != len(self.outputs):
+            raise GraphError(f"outputs {self.outputs} repeat a name")
+        self.types = types
+        return self
+
+    # ------------------------------------------------------------------ JSON
+    def to_dict(self) -> dict:
+        def decl(v: Value) -> dict:
+            return {"name": v.name, "dtype": v.dtype, "shape": list(v.shape)}
+
+        def const(c: Value) -> dict:
+            d = decl(c)
+            if c.value is not None:
+                d["data"] = _encode_data(c.value, c.dtype)
+            return d
+
+        def node(n: Node) -> dict:
+            d: dict[str, Any] = {"name": n.name, "op": n.op, "inputs": list(n.inputs)}
+            attrs = _explicit_attrs(n)
+            if attrs:
+                d["attrs"] = attrs
+            return d
+
+        return {
+            "format": FORMAT_NAME, "version": GRAPH_VERSION_MAJOR, "name": self.name,
+            "inputs": [decl(v) for v in self.inputs], "params": [decl(v) for v in self.params],
+            "constants": [const(c) for c in self.constants.values()],
+            "nodes": [node(n) for n in self.nodes], "outputs": list(self.outputs),
+        }
+
+    def to_json(self, path: str | os.PathLike | None = None) -> str:
+        """Deterministic graph.json text; also written to `path` when given."""
+        text = _dump_compact(self.to_dict())
+        if path is not None:
+            Path(path).write_text(text, encoding="utf-8")
+        return text
+
+    @classmethod
+    def from_json(cls, src: str | os.PathLike | dict) -> Graph:
+        """Load graph.json from a path, a JSON string, or an already-parsed dict."""
+        if isinstance(src, dict):
+            return cls.from_dict(src)
+        where = "graph.json"
+        text = str(src)
+        if isinstance(src, os.PathLike) or (not text.lstrip().startswith("{")):
+            p = Path(src)
+            where = str(p)
+            try:
+                text = p.read_text(encoding="utf-8")
+            except FileNotFoundError:
+                raise GraphError(f"{p}: no such file; expected a graph.json path") from None
+            except (OSError, UnicodeDecodeError) as e:
+                raise GraphError(f"{p}: cannot read as UTF-8 text ({e})") from None
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise GraphError(f"{where}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+        return cls.from_dict(d)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Graph:
+        if not isinstance(d, dict):
+            raise GraphError(f"graph must be a JSON object; got {type(d).__name__}")
+        if d.get("format") != FORMAT_NAME:
+            raise GraphError(f"'format' is {d.get('format')!r}; expected {FORMAT_NAME!r}")
+        major, minor = _parse_version(d.get("version"))
+        extra = sorted(set(d) - set(_TOP_KEYS))
+        if extra:
+            if minor > GRAPH_VERSION_MINOR:
+                warnings.warn(f"graph.json version {major}.{minor} fields {extra} are not understood by this "
+                              f"reader (version {GRAPH_VERSION_MAJOR}.{GRAPH_VERSION_MINOR}); ignoring them",
+                              stacklevel=2)
+            else:
+                raise GraphError(f"unknown top-level field(s) {extra}; expected only {list(_TOP_KEYS)}")
+        for key in ("inputs", "params", "constants", "nodes", "outputs"):
+            if not isinstance(d.get(key, []), list):
+                raise GraphError(f"'{key}' must be a list; got {type(d[key]).__name__}")
+        name = d.get("name", "graph")
+        if not isinstance(name, str):
+            raise GraphError(f"'name' must be a string; got {name!r}")
+        inputs = [_decl_from(e, "inputs", i) for i, e in enumerate(d.get("inputs", []))]
+        params = [_decl_from(e, "params", i) for i, e in enumerate(d.get("params", []))]
+        consts = [_const_from(e, i) for i, e in enumerate(d.get("constants", []))]
+        nodes = [_node_from(e, i) for i, e in enumerate(d.get("nodes", []))]
+        outputs = d.get("outputs", [])
+        if not all(isinstance(o, str) for o in outputs):
+            raise GraphError(f"'outputs' must be a list of names; got {outputs!r}")
+        return cls(name, inputs, params, consts, nodes, outputs)
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _dump_compact(d: dict) -> str:
+    """One list entry per line: diff-friendly and still plain JSON."""
+    lines = ["{"]
+    keys = list(d)
+    for k_i, k in enumerate(keys):
+        v = d[k]
+        tail = "," if k_i < len(keys) - 1 else ""
+        if isinstance(v, list) and v:
+            lines.append(f" {json.dumps(k)}: [")
+            for i, e in enumerate(v):
+                sep = "," if i < len(v) - 1 else ""
+                lines.append("  " + json.dumps(e, ensure_ascii=False, separators=(", ", ": ")) + sep)
+            lines.append(" ]" + tail)
+        else:
+            lines.append(f" {json.dumps(k)}: {json.dumps(v, ensure_ascii=False)}{tail}")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _parse_version(v: Any) -> tuple[int, int]:
+    if isinstance(v, bool) or v is None:
+        raise GraphError(f"'version' is {v!r}; expected {GRAPH_VERSION_MAJOR} or \"{GRAPH_VERSION_MAJOR}.N\"")
+    if isinstance(v, int):
+        major, minor = v, 0
+    elif isinstance(v, str) and v.count(".") == 1 and all(p.isdigit() for p in v.split(".")):
+        major, minor = (int(p) for p in v.split("."))
+    else:
+        raise GraphError(f"'version' is {v!r}; expected {GRAPH_VERSION_MAJOR} or \"{GRAPH_VERSION_MAJOR}.N\"")
+    if major != GRAPH_VERSION_MAJOR:
+        raise GraphError(f"graph.json version {v} is not supported by this reader (major version "
+                         f"{GRAPH_VERSION_MAJOR}); upgrade rlx to read it")
+    return major, minor
+
+
+def _check_shape(shape: Any, where: str) -> tuple:
+    if not isinstance(shape, (list, tuple)):
+        raise GraphError(f"{where}: shape must be a list; got {shape!r}")
+    for d in shape:
+        ok = (isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0) or (isinstance(d, str) and d)
+        if not ok:
+            raise GraphError(f"{where}: dim {d!r} in shape {list(shape)}; expected a non-negative int or a name")
+    return tuple(int(d) if not isinstance(d, str) else d for d in shape)
+
+
+def _check_value(v: Value, kind: str) -> TensorType:
+    where = f"{kind} {v.name!r}"
+    check_dtype(v.dtype, where)
+    v.shape = _check_shape(v.shape, where)
+    if v.value is not None:
+        if kind != "constant" or any(isinstance(d, str) for d in v.shape):
+            raise GraphError(f"{where}: only constants with static shapes carry data")
+        want = NUMPY_DTYPES[v.dtype]
+        if v.value.dtype.newbyteorder("=") != want.newbyteorder("=") or tuple(v.value.shape) != tuple(v.shape):
+            raise GraphError(f"{where}: data is {v.value.dtype}{list(v.value.shape)}; expected "
+                             f"{v.dtype}{list(v.shape)}")
+    return v.type
+
+
+def _entry(e: Any, section: str, i: int, keys: Iterable[str]) -> dict:
+    if not isinstance(e, dict):
+        raise GraphError(f"{section}[{i}] must be an object; got {type(e).__name__}")
+    missing = [k for k in keys if k not in e]
+    if missing:
+        raise GraphError(f"{section}[{i}] ({e.get('name', '?')!r}) is missing {missing}")
+    return e
+
+
+def _decl_from(e: Any, section: str, i: int) -> Value:
+    e = _entry(e, section, i, ("name", "dtype", "shape"))
+    where = f"{section}[{i}] {e['name']!r}"
+    return Value(e["name"], check_dtype(e["dtype"], where), _check_shape(e["shape"], where))
+
+
+def _const_from(e: Any, i: int) -> Value:
+    v = _decl_from(e, "constants", i)
+    if "data" in e:
+        v.value = _decode_data(e["data"], v, f"constants[{i}] {v.name!r}")
+    return v
+
+
+def _node_from(e: Any, i: int) -> Node:
+    e = _entry(e, "nodes", i, ("name", "op"))
+    if not isinstance(e["op"], str):
+        raise GraphError(f"nodes[{i}] {e['name']!r}: op must be a string; got {e['op']!r}")
+    return Node(e["name"], e["op"], e.get("inputs", []), e.get("attrs", {}) or {})
+
+
+def _decode_data(data: Any, v: Value, where: str) -> np.ndarray:
+    if any(isinstance(d, str) for d in v.shape):
+        raise GraphError(f"{where}: a constant with data needs a static shape; got {list(v.shape)}")
+    try:
+        flat = np.array(data, dtype=np.float64 if v.dtype in ("f32", "f16", "bf16", "f64") else None)
+    except (TypeError, ValueError) as e:
+        raise GraphError(f"{where}: data is not a list of numbers ({e})") from None
+    if flat.dtype == object or flat.ndim > 1:
+        raise GraphError(f"{where}: data must be a flat list of numbers in C order")
+    n = int(np.prod(v.shape, dtype=np.int64))
+    if flat.size != n:
+        raise GraphError(f"{where}: data has {flat.size} values; expected {n} for shape {list(v.shape)}")
+    if v.dtype == "bf16":
+        return f32_to_bf16(flat.astype(np.float32)).reshape(v.shape)
+    want = NUMPY_DTYPES[v.dtype]
+    if v.dtype == "bool" and not np.isin(flat, (0, 1)).all():
+        raise GraphError(f"{where}: bool data must be true/false or 0/1")
+    if want.kind in "iu" and flat.size and (flat.dtype.kind not in "iub"):
+        raise GraphError(f"{where}: integer constant has non-integer data")
+    return flat.astype(want).reshape(v.shape)
+
+
+def _encode_data(a: np.ndarray, dtype: str) -> list:
+    if dtype == "bf16":
+        return bf16_to_f32(a).ravel().astype(np.float64).tolist()
+    return np.asarray(a).ravel().tolist()
+
+
+def _explicit_attrs(n: Node) -> dict:
+    """Attrs that differ from their catalogue default (so round trips are stable)."""
+    spec = OPS[n.op]
+    return {k: v for k, v in n.attrs.items() if k in spec.attrs and v != spec.attrs[k].default}
+
+
+def _toposort(nodes: list[Node], leaves: set[str]) -> list[Node]:
+    """Kahn's algorithm, stable with respect to the given order; iterative (no recursion)."""
+    index = {n.name: i for i, n in enumerate(nodes)}
+    indeg = [0] * len(nodes)
+    users: list[list[int]] = [[] for _ in nodes]
+    for i, n in enumerate(nodes):
+        for src in set(n.inputs):
+            if src in index:
+                indeg[i] += 1
+                users[index[src]].append(i)
+    ready = [i for i, d in enumerate(indeg) if d == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for u in users[i]:
+            indeg[u] -= 1
+            if indeg[u] == 0:
+                heapq.heappush(ready, u)
+    if len(order) != len(nodes):
+        stuck = [nodes[i].name for i, d in enumerate(indeg) if d > 0]
+        raise GraphError(f"graph has a cycle through node {stuck[0]!r} ({len(stuck)} nodes involved); "
+                         "expected a DAG")
+    if order == list(range(len(nodes))):
+        return nodes
+    return [nodes[i] for i in order]

@@ -1,0 +1,551 @@
+"""The op table: one short kernel per op, written against an array module `xp`.
+
+Signature: kernel(xp, attrs, *inputs) -> array. `attrs` is the catalogue-normalized dict
+(plus private keys set at compile, e.g. `_rng`). numpy is the reference; cupy runs the same
+code. Semantics are those of spec/ops.md.
+"""
+
+from __future__ import annotations
+
+import math
+import string
+from collections.abc import Callable
+
+import numpy as np
+
+from rlx_format.dtypes import NUMPY_DTYPES, bf16_to_f32, compute_dtype, f32_to_bf16
+from rlx_format.errors import RlxError
+from rlx_format.ops import OPS
+
+Kernel = Callable[..., object]
+KERNELS: dict[str, Kernel] = {}
+
+
+def kernel(*names: str):
+    def deco(fn):
+        for n in names:
+            KERNELS[n] = fn
+        return fn
+    return deco
+
+
+def host_ints(xp, a) -> list[int]:
+    """Values of a small integer tensor as Python ints (syncs on GPU)."""
+    if xp is not np and hasattr(a, "get"):
+        a = a.get()
+    return [int(v) for v in np.asarray(a).ravel()]
+
+
+def special(xp):
+    if xp is np:
+        import scipy.special as sp
+        return sp
+    import cupyx.scipy.special as sp  # pragma: no cover - GPU only
+    return sp
+
+
+# ------------------------------------------------------------------ elementwise
+
+
+def _unary(name: str, fn):
+    KERNELS[name] = lambda xp, a, x: fn(xp, x)
+
+
+_unary("Identity", lambda xp, x: x)
+_unary("Neg", lambda xp, x: -x)
+_unary("Abs", lambda xp, x: xp.abs(x))
+_unary("Exp", lambda xp, x: xp.exp(x))
+_unary("Log", lambda xp, x: xp.log(x))
+_unary("Sqrt", lambda xp, x: xp.sqrt(x))
+_unary("Rsqrt", lambda xp, x: x.dtype.type(1) / xp.sqrt(x))
+_unary("Reciprocal", lambda xp, x: x.dtype.type(1) / x)
+_unary("Sin", lambda xp, x: xp.sin(x))
+_unary("Cos", lambda xp, x: xp.cos(x))
+_unary("Tan", lambda xp, x: xp.tan(x))
+_unary("Tanh", lambda xp, x: xp.tanh(x))
+_unary("Sigmoid", lambda xp, x: special(xp).expit(x))
+_unary("Relu", lambda xp, x: xp.maximum(x, x.dtype.type(0)))
+_unary("Silu", lambda xp, x: x * special(xp).expit(x))
+_unary("Softplus", lambda xp, x: xp.logaddexp(x.dtype.type(0), x))
+_unary("Softsign", lambda xp, x: x / (x.dtype.type(1) + xp.abs(x)))
+_unary("Erf", lambda xp, x: special(xp).erf(x))
+_unary("Floor", lambda xp, x: xp.floor(x))
+_unary("Ceil", lambda xp, x: xp.ceil(x))
+_unary("Round", lambda xp, x: xp.round(x))  # half to even
+_unary("Sign", lambda xp, x: xp.sign(x))
+_unary("Not", lambda xp, x: xp.logical_not(x))
+
+
+@kernel("LeakyRelu")
+def _leaky(xp, a, x):
+    return xp.where(x >= 0, x, x * x.dtype.type(a["alpha"]))
+
+
+@kernel("Elu")
+def _elu(xp, a, x):
+    return xp.where(x > 0, x, x.dtype.type(a["alpha"]) * xp.expm1(xp.minimum(x, x.dtype.type(0))))
+
+
+@kernel("Selu")
+def _selu(xp, a, x):
+    t = x.dtype.type
+    neg = t(a["alpha"]) * xp.expm1(xp.minimum(x, t(0)))
+    return t(a["gamma"]) * xp.where(x > 0, x, neg)
+
+
+@kernel("Gelu")
+def _gelu(xp, a, x):
+    t = x.dtype.type
+    if a["approximate"] == "tanh":
+        inner = t(math.sqrt(2.0 / math.pi)) * (x + t(0.044715) * x * x * x)
+        return t(0.5) * x * (t(1) + xp.tanh(inner))
+    return t(0.5) * x * (t(1) + special(xp).erf(x * t(1 / math.sqrt(2.0))))
+
+
+@kernel("Clip")
+def _clip(xp, a, x, lo=None, hi=None):
+    lo = a["min"] if lo is None else lo
+    hi = a["max"] if hi is None else hi
+    if lo is not None:
+        x = xp.maximum(x, xp.asarray(lo, dtype=x.dtype))
+    if hi is not None:
+        x = xp.minimum(x, xp.asarray(hi, dtype=x.dtype))
+    return x
+
+
+@kernel("Cast")
+def _cast(xp, a, x):
+    to = a["to"]
+    if to == "bf16":  # runtime carries bf16 widened to f32, rounded to bf16 precision
+        bits = f32_to_bf16(x.astype(np.float32) if xp is np else x.astype(xp.float32).get())
+        return xp.asarray(bf16_to_f32(bits))
+    if to == "bool":
+        return x != 0
+    return x.astype(compute_dtype(to))
+
+
+KERNELS["Add"] = lambda xp, a, x, y: x + y
+KERNELS["Sub"] = lambda xp, a, x, y: x - y
+KERNELS["Mul"] = lambda xp, a, x, y: x * y
+KERNELS["Max"] = lambda xp, a, x, y: xp.maximum(x, y)
+KERNELS["Min"] = lambda xp, a, x, y: xp.minimum(x, y)
+KERNELS["Pow"] = lambda xp, a, x, y: xp.power(x, y)
+KERNELS["Equal"] = lambda xp, a, x, y: x == y
+KERNELS["Less"] = lambda xp, a, x, y: x < y
+KERNELS["LessEqual"] = lambda xp, a, x, y: x <= y
+KERNELS["Greater"] = lambda xp, a, x, y: x > y
+KERNELS["GreaterEqual"] = lambda xp, a, x, y: x >= y
+KERNELS["And"] = lambda xp, a, x, y: xp.logical_and(x, y)
+KERNELS["Or"] = lambda xp, a, x, y: xp.logical_or(x, y)
+KERNELS["Where"] = lambda xp, a, c, x, y: xp.where(c, x, y)
+
+
+@kernel("Div")
+def _div(xp, a, x, y):
+    if x.dtype.kind in "iu":  # integer division truncates toward zero (C / ONNX semantics)
+        q = xp.abs(x) // xp.abs(y)
+        return (q * (xp.sign(x) * xp.sign(y))).astype(x.dtype)
+    return x / y
+
+
+@kernel("Mod")
+def _mod(xp, a, x, y):
+    return xp.fmod(x, y) if a["fmod"] else xp.mod(x, y)
+
+
+# ------------------------------------------------------------------ reductions
+
+
+def _axes(a, x):
+    return None if a["axes"] is None else tuple(a["axes"])
+
+
+def _reducer(name, fn):
+    KERNELS[name] = lambda xp, a, x: fn(xp, x, axis=_axes(a, x), keepdims=bool(a["keepdims"]))
+
+
+_reducer("ReduceSum", lambda xp, x, **k: xp.sum(x, dtype=x.dtype, **k))
+_reducer("ReduceMean", lambda xp, x, **k: xp.mean(x, dtype=x.dtype, **k) if x.dtype.kind == "f"
+         else xp.mean(x, **k).astype(x.dtype))  # integer mean truncates toward zero
+_reducer("ReduceMax", lambda xp, x, **k: xp.max(x, **k))
+_reducer("ReduceMin", lambda xp, x, **k: xp.min(x, **k))
+_reducer("ReduceProd", lambda xp, x, **k: xp.prod(x, dtype=x.dtype, **k))
+
+
+def _argk(fn_name):
+    def k(xp, a, x):
+        fn = getattr(xp, fn_name)
+        ax = a["axis"] % x.ndim
+        if a["select_last_index"]:
+            flipped = xp.flip(x, axis=ax)
+            r = x.shape[ax] - 1 - fn(flipped, axis=ax)
+        else:
+            r = fn(x, axis=ax)
+        r = r.astype(np.int64)
+        return xp.expand_dims(r, ax) if a["keepdims"] else r
+    return k
+
+
+KERNELS["ArgMax"] = _argk("argmax")
+KERNELS["ArgMin"] = _argk("argmin")
+
+
+@kernel("Softmax")
+def _softmax(xp, a, x):
+    e = xp.exp(x - xp.max(x, axis=a["axis"], keepdims=True))
+    return e / xp.sum(e, axis=a["axis"], keepdims=True)
+
+
+@kernel("LogSoftmax")
+def _log_softmax(xp, a, x):
+    s = x - xp.max(x, axis=a["axis"], keepdims=True)
+    return s - xp.log(xp.sum(xp.exp(s), axis=a["axis"], keepdims=True))
+
+
+@kernel("CumSum")
+def _cumsum(xp, a, x):
+    ax = a["axis"]
+    if a["reverse"]:
+        x = xp.flip(x, axis=ax)
+    c = xp.cumsum(x, axis=ax, dtype=x.dtype)
+    if a["exclusive"]:
+        c = c - x
+    return xp.flip(c, axis=ax) if a["reverse"] else c
+
+
+# ------------------------------------------------------------------ data movement
+
+
+def resolve_reshape(in_shape: tuple, target: list[int]) -> tuple:
+    out = [in_shape[i] if d == 0 else d for i, d in enumerate(target)]
+    if -1 in out:
+        known = math.prod(d for d in out if d != -1)
+        out[out.index(-1)] = math.prod(in_shape) // known if known else 0
+    return tuple(out)
+
+
+@kernel("Reshape")
+def _reshape(xp, a, x, shape=None):
+    target = a["shape"] if shape is None else host_ints(xp, shape)
+    return x.reshape(resolve_reshape(x.shape, target))
+
+
+@kernel("Transpose")
+def _transpose(xp, a, x):
+    return xp.transpose(x, a["perm"])
+
+
+@kernel("Concat")
+def _concat(xp, a, *xs):
+    return xp.concatenate(xs, axis=a["axis"])
+
+
+@kernel("Slice")
+def _slice(xp, a, x):
+    idx = [slice(None)] * x.ndim
+    axes = a["axes"] if a["axes"] is not None else range(len(a["starts"]))
+    steps = a["steps"] or [1] * len(a["starts"])
+    for s, e, ax, st in zip(a["starts"], a["ends"], axes, steps):
+        idx[ax] = slice(*slice(s, e, st).indices(x.shape[ax]))
+    return x[tuple(idx)]
+
+
+@kernel("Gather")
+def _gather(xp, a, x, idx):
+    return xp.take(x, idx.astype(np.int64), axis=a["axis"])
+
+
+@kernel("Expand")
+def _expand(xp, a, x, shape=None):
+    target = tuple(a["shape"] if shape is None else host_ints(xp, shape))
+    out_shape = np.broadcast_shapes(x.shape, target)
+    return xp.broadcast_to(x, out_shape).copy()
+
+
+@kernel("Tile")
+def _tile(xp, a, x, reps=None):
+    return xp.tile(x, tuple(a["repeats"] if reps is None else host_ints(xp, reps)))
+
+
+@kernel("Squeeze")
+def _squeeze(xp, a, x):
+    return xp.squeeze(x, axis=None if a["axes"] is None else tuple(a["axes"]))
+
+
+@kernel("Unsqueeze")
+def _unsqueeze(xp, a, x):
+    r = x.ndim + len(a["axes"])
+    return xp.expand_dims(x, tuple(sorted(ax % r for ax in a["axes"])))
+
+
+@kernel("Flatten")
+def _flatten(xp, a, x):
+    ax = a["axis"] % (x.ndim + 1) if a["axis"] < 0 else a["axis"]
+    return x.reshape(math.prod(x.shape[:ax]), math.prod(x.shape[ax:]))
+
+
+@kernel("Pad")
+def _pad(xp, a, x):
+    r = x.ndim
+    pads = a["pads"]
+    # negative pads crop first
+    crop = tuple(slice(max(-pads[i], 0), x.shape[i] - max(-pads[i + r], 0)) for i in range(r))
+    x = x[crop]
+    width = [(max(pads[i], 0), max(pads[i + r], 0)) for i in range(r)]
+    if a["mode"] == "constant":
+        return xp.pad(x, width, mode="constant", constant_values=x.dtype.type(a["value"]))
+    return xp.pad(x, width, mode=a["mode"])
+
+
+@kernel("Shape")
+def _shape(xp, a, x):
+    return xp.asarray(x.shape, dtype=np.int64)
+
+
+@kernel("Range")
+def _range(xp, a, start, limit, delta):
+    s, l, d = (v.item() for v in (start, limit, delta))
+    n = max(int(math.ceil((l - s) / d)), 0)
+    return (s + d * xp.arange(n, dtype=np.float64 if start.dtype.kind == "f" else np.int64)).astype(start.dtype)
+
+
+@kernel("ConstantOfShape")
+def _constant_of_shape(xp, a, shape=None):
+    target = tuple(a["shape"] if shape is None else host_ints(xp, shape))
+    return xp.full(target, a["value"], dtype=compute_dtype(a["dtype"]))
+
+
+@kernel("DepthToSpace")
+def _d2s(xp, a, x):
+    n, c, h, w = x.shape
+    b = a["blocksize"]
+    if a["mode"] == "DCR":
+        y = x.reshape(n, b, b, c // (b * b), h, w).transpose(0, 3, 4, 1, 5, 2)
+    else:
+        y = x.reshape(n, c // (b * b), b, b, h, w).transpose(0, 1, 4, 2, 5, 3)
+    return y.reshape(n, c // (b * b), h * b, w * b)
+
+
+# ------------------------------------------------------------------ NN
+
+
+KERNELS["MatMul"] = lambda xp, a, x, y: xp.matmul(x, y)
+
+
+def _spatial(a, nsp):
+    return (a.get("strides") or [1] * nsp, a.get("dilations") or [1] * nsp, a.get("pads") or [0] * (2 * nsp))
+
+
+def _windows(xp, x, k, strides, dil):
+    """Strided/dilated sliding windows over the trailing len(k) axes: (..., *out, *k)."""
+    nsp = len(k)
+    span = tuple((kk - 1) * d + 1 for kk, d in zip(k, dil))
+    v = xp.lib.stride_tricks.sliding_window_view(x, span, axis=tuple(range(x.ndim - nsp, x.ndim)))
+    idx = (Ellipsis,) + tuple(slice(None, None, s) for s in strides) + tuple(slice(None, None, d) for d in dil)
+    return v[idx]
+
+
+@kernel("Conv")
+def _conv(xp, a, x, w, b=None):
+    nsp = x.ndim - 2
+    strides, dil, pads = _spatial(a, nsp)
+    g = a["group"]
+    x = xp.pad(x, [(0, 0), (0, 0)] + [(pads[i], pads[i + nsp]) for i in range(nsp)])
+    n, c = x.shape[:2]
+    o = w.shape[0]
+    xg = x.reshape(n, g, c // g, *x.shape[2:])
+    wg = w.reshape(g, o // g, c // g, *w.shape[2:])
+    win = _windows(xp, xg, w.shape[2:], strides, dil)  # n g c *out *k
+    sp = string.ascii_lowercase[:nsp]
+    kk = string.ascii_lowercase[10:10 + nsp]
+    y = xp.einsum(f"NGC{sp}{kk},GOC{kk}->NGO{sp}", win, wg, optimize=True)
+    y = y.reshape(n, o, *y.shape[3:])
+    if b is not None:
+        y = y + b.reshape((1, o) + (1,) * nsp)
+    return xp.ascontiguousarray(y)
+
+
+@kernel("ConvTranspose")
+def _conv_transpose(xp, a, x, w, b=None):
+    nsp = x.ndim - 2
+    strides, dil, pads = _spatial(a, nsp)
+    outpad = a.get("output_padding") or [0] * nsp
+    g = a["group"]
+    n, cin = x.shape[:2]
+    k = w.shape[2:]
+    cout_g = w.shape[1]
+    full = [(x.shape[2 + i] - 1) * strides[i] + (k[i] - 1) * dil[i] + 1 + outpad[i] for i in range(nsp)]
+    y = xp.zeros((n, g, cout_g, *full), dtype=x.dtype)
+    xg = x.reshape(n, g, cin // g, *x.shape[2:])
+    wg = w.reshape(g, cin // g, cout_g, *k)
+    sp = string.ascii_lowercase[:nsp]
+    for pos in np.ndindex(*k):
+        contrib = xp.einsum(f"NGC{sp},GCO->NGO{sp}", xg, wg[(slice(None),) * 3 + pos], optimize=True)
+        idx = tuple(slice(pos[i] * dil[i], pos[i] * dil[i] + (x.shape[2 + i] - 1) * strides[i] + 1, strides[i])
+                    for i in range(nsp))
+        y[(slice(None),) * 3 + idx] += contrib
+    y = y.reshape(n, g * cout_g, *full)
+    crop = tuple(slice(pads[i], full[i] - pads[i + nsp]) for i in range(nsp))
+    y = y[(slice(None), slice(None)) + crop]
+    if b is not None:
+        y = y + b.reshape((1, -1) + (1,) * nsp)
+    return xp.ascontiguousarray(y)
+
+
+def _pool_pads(a, x, nsp, k, strides, dil):
+    """Explicit pads plus the extra end padding that ceil_mode needs."""
+    pads = a.get("pads") or [0] * (2 * nsp)
+    extra = []
+    for i in range(nsp):
+        d = x.shape[2 + i] + pads[i] + pads[i + nsp]
+        span = (k[i] - 1) * dil[i] + 1
+        out = (d - span + (strides[i] - 1 if a["ceil_mode"] else 0)) // strides[i] + 1
+        if a["ceil_mode"] and (out - 1) * strides[i] >= x.shape[2 + i] + pads[i]:
+            out -= 1
+        extra.append(max(0, (out - 1) * strides[i] + span - d))
+    return pads, extra
+
+
+@kernel("MaxPool")
+def _maxpool(xp, a, x):
+    nsp = x.ndim - 2
+    k = a["kernel_shape"]
+    strides, dil, _ = _spatial(a, nsp)
+    pads, extra = _pool_pads(a, x, nsp, k, strides, dil)
+    width = [(0, 0), (0, 0)] + [(pads[i], pads[i + nsp] + extra[i]) for i in range(nsp)]
+    xpd = xp.pad(x, width, constant_values=-np.inf)
+    win = _windows(xp, xpd, k, strides, dil)
+    return xp.ascontiguousarray(win.max(axis=tuple(range(-nsp, 0))))
+
+
+@kernel("AveragePool")
+def _avgpool(xp, a, x):
+    nsp = x.ndim - 2
+    k = a["kernel_shape"]
+    strides = a.get("strides") or [1] * nsp
+    dil = [1] * nsp
+    pads, extra = _pool_pads(a, x, nsp, k, strides, dil)
+    width = [(0, 0), (0, 0)] + [(pads[i], pads[i + nsp] + extra[i]) for i in range(nsp)]
+    xpd = xp.pad(x, width)
+    axes = tuple(range(-nsp, 0))
+    s = _windows(xp, xpd, k, strides, dil).sum(axis=axes)
+    ones = xp.ones((1, 1) + x.shape[2:], dtype=x.dtype)
+    if a["count_include_pad"]:
+        inner = [(0, 0), (0, 0)] + [(pads[i], pads[i + nsp]) for i in range(nsp)]
+        ones = xp.pad(ones, inner, constant_values=1)
+        cnt_w = [(0, 0), (0, 0)] + [(0, extra[i]) for i in range(nsp)]
+    else:
+        cnt_w = width
+    cnt = _windows(xp, xp.pad(ones, cnt_w), k, strides, dil).sum(axis=axes)
+    return xp.ascontiguousarray(s / cnt)
+
+
+@kernel("GlobalAveragePool")
+def _gap(xp, a, x):
+    return xp.mean(x, axis=tuple(range(2, x.ndim)), keepdims=True, dtype=x.dtype)
+
+
+@kernel("BatchNormalization")
+def _bn(xp, a, x, scale, bias, mean, var):
+    shp = (1, -1) + (1,) * (x.ndim - 2)
+    inv = scale / xp.sqrt(var + var.dtype.type(a["epsilon"]))
+    return (x - mean.reshape(shp)) * inv.reshape(shp) + bias.reshape(shp)
+
+
+@kernel("LayerNorm")
+def _layernorm(xp, a, x, scale, bias=None):
+    axes = tuple(range(a["axis"] % x.ndim, x.ndim))
+    mu = xp.mean(x, axis=axes, keepdims=True)
+    d = x - mu
+    var = xp.mean(d * d, axis=axes, keepdims=True)
+    y = d / xp.sqrt(var + x.dtype.type(a["epsilon"])) * scale
+    return y if bias is None else y + bias
+
+
+@kernel("RMSNorm")
+def _rmsnorm(xp, a, x, scale):
+    axes = tuple(range(a["axis"] % x.ndim, x.ndim))
+    ms = xp.mean(x * x, axis=axes, keepdims=True)
+    return x / xp.sqrt(ms + x.dtype.type(a["epsilon"])) * scale
+
+
+@kernel("GroupNorm")
+def _groupnorm(xp, a, x, scale, bias):
+    n, c = x.shape[:2]
+    g = a["num_groups"]
+    xg = x.reshape(n, g, -1)
+    mu = xp.mean(xg, axis=2, keepdims=True)
+    d = xg - mu
+    var = xp.mean(d * d, axis=2, keepdims=True)
+    y = (d / xp.sqrt(var + x.dtype.type(a["epsilon"]))).reshape(x.shape)
+    shp = (1, c) + (1,) * (x.ndim - 2)
+    return y * scale.reshape(shp) + bias.reshape(shp)
+
+
+@kernel("ScaledDotProductAttention")
+def _sdpa(xp, a, q, k, v, mask=None):
+    scale = a["scale"] if a["scale"] is not None else 1.0 / math.sqrt(q.shape[-1])
+    s = xp.matmul(q, xp.swapaxes(k, -1, -2)) * q.dtype.type(scale)
+    lq, lk = q.shape[-2], k.shape[-2]
+    if a["causal"]:
+        keep = xp.tril(xp.ones((lq, lk), dtype=bool))
+        s = xp.where(keep, s, q.dtype.type(-np.inf))
+    if mask is not None:
+        s = xp.where(mask, s, q.dtype.type(-np.inf)) if mask.dtype == bool else s + mask
+    m = xp.max(s, axis=-1, keepdims=True)
+    m = xp.where(xp.isfinite(m), m, q.dtype.type(0))
+    e = xp.exp(s - m)
+    den = xp.sum(e, axis=-1, keepdims=True)
+    p = e / xp.where(den == 0, q.dtype.type(1), den)  # fully masked rows give zeros, not NaN
+    return xp.matmul(p, v)
+
+
+# ------------------------------------------------------------------ random
+
+
+@kernel("RandomNormal")
+def _rnormal(xp, a, rng=None):
+    vals = a["_rng"].standard_normal(tuple(a["shape"])) * a["scale"] + a["mean"]
+    return xp.asarray(vals.astype(compute_dtype(a["dtype"])))
+
+
+@kernel("RandomUniform")
+def _runiform(xp, a):
+    vals = a["_rng"].uniform(a["low"], a["high"], tuple(a["shape"]))
+    return xp.asarray(vals.astype(compute_dtype(a["dtype"])))
+
+
+def prepare_attrs(op: str, attrs: dict) -> dict:
+    """Compile-time attr preparation (per plan step): RNG state, normalized axes."""
+    a = dict(attrs)
+    if op in ("RandomNormal", "RandomUniform"):
+        a["_rng"] = np.random.default_rng(a["seed"])
+    return a
+
+
+def check_table() -> None:
+    missing = sorted(set(OPS) - set(KERNELS))
+    if missing:
+        raise RlxError(f"ops without kernels: {missing}")
+
+
+__all__ = ["KERNELS", "kernel", "prepare_attrs", "host_ints", "NUMPY_DTYPES"]
+
+
+# ------------------------------------------------------------------ quantized
+
+
+@kernel("Dequantize")
+def _dequantize(xp, a, packed):
+    if xp is np:
+        from .quant_kernels import dequantize_cpu
+        return dequantize_cpu(packed, a["encoding"], a["shape"])
+    raise RlxError("Dequantize on CUDA is not implemented yet; run this graph on Device.CPU")
+
+
+@kernel("DequantMatMul")
+def _dequant_matmul(xp, a, x, packed):
+    if xp is np:
+        from .quant_kernels import dequant_matmul
+        return dequant_matmul(x, packed, a["encoding"], a["N"], a["K"])
+    raise RlxError("DequantMatMul on CUDA is not implemented yet; run this graph on Device.CPU")

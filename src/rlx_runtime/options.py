@@ -1,0 +1,35 @@
+"""CompileOptions: what compile_with does beyond planning."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+DEFAULT_FOLD_GROWTH_LIMIT = 16          # a fold may not output > this x its inputs' bytes ...
+DEFAULT_FOLD_MIN_BYTES = 1 << 20        # ... unless the output is below this size anyway
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass
+class CompileOptions:
+    """Options for Session.compile_with.
+
+    param_bindings: params to turn into constants before planning (then folded).
+    cache_param_invariant: hoist the weight-only part of the graph so it runs once
+        (default: the RLX_CACHE_PARAM_INVARIANT environment variable).
+    optimize: run simplify/fold/DCE/dedupe even without bindings.
+    profile: record per-op call counts and time from the first run.
+    fold_growth_limit / fold_min_bytes: the constant-folding size guard.
+    """
+
+    param_bindings: dict[str, np.ndarray] | None = None
+    cache_param_invariant: bool = field(default_factory=lambda: _env_flag("RLX_CACHE_PARAM_INVARIANT"))
+    optimize: bool = True
+    profile: bool = False
+    fold_growth_limit: float = DEFAULT_FOLD_GROWTH_LIMIT
+    fold_min_bytes: int = DEFAULT_FOLD_MIN_BYTES

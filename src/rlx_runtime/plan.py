@@ -1,0 +1,167 @@
+"""Execution plan: a graph flattened into slot-addressed steps.
+
+Compile resolves every name to an integer slot, pre-parses attrs, binds constants and computes
+where each intermediate dies, so `run` is a tight loop with no name lookups and peak memory is
+the live set, not the sum of all tensors.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from rlx_format.dtypes import bf16_to_f32, compute_dtype
+from rlx_format.errors import RlxError, RuntimeInputError
+from rlx_format.graph import Graph
+
+from .kernels import KERNELS, prepare_attrs
+
+
+@dataclass
+class Step:
+    name: str
+    op: str
+    fn: object
+    attrs: dict
+    ins: tuple[int, ...]
+    out: int
+    frees: tuple[int, ...]
+
+
+def leaf_array(xp, arr: np.ndarray, dtype: str):
+    """A leaf value as the runtime holds it: bf16 widened to f32, moved to the device."""
+    a = bf16_to_f32(arr) if dtype == "bf16" else arr
+    return a if xp is np else xp.asarray(a)
+
+
+class Plan:
+    def __init__(self, graph: Graph, xp):
+        self.graph = graph
+        self.xp = xp
+        slot: dict[str, int] = {}
+        for v in graph.inputs + graph.params:
+            slot[v.name] = len(slot)
+        for name in graph.constants:
+            slot[name] = len(slot)
+        for n in graph.nodes:
+            slot[n.name] = len(slot)
+        self.slot = slot
+        self.n_slots = len(slot)
+        self.input_slots = [(v.name, slot[v.name], v.dtype, tuple(v.shape)) for v in graph.inputs]
+        self.param_slot = {v.name: slot[v.name] for v in graph.params}
+        self.param_type = {v.name: v for v in graph.params}
+        self.output_slots = [(o, slot[o]) for o in graph.outputs]
+        self.base: list = [None] * self.n_slots
+        for name, c in graph.constants.items():
+            if c.value is None:
+                raise RlxError(f"constant {name!r} has no data (an external weight that was not loaded); "
+                               "compile the RlxFile returned by read_rlx instead of its bare graph")
+            self.base[slot[name]] = leaf_array(xp, c.value, c.dtype)
+        keep = set(slot[o] for o in graph.outputs)
+        leaf_slots = set(range(len(graph.inputs) + len(graph.params) + len(graph.constants)))
+        last_use: dict[int, int] = {}
+        for i, n in enumerate(graph.nodes):
+            for name in n.inputs:
+                last_use[slot[name]] = i
+        frees_at: dict[int, list[int]] = {}
+        for s, i in last_use.items():
+            if s not in keep and s not in leaf_slots:
+                frees_at.setdefault(i, []).append(s)
+        self.steps = [
+            Step(n.name, n.op, KERNELS[n.op], prepare_attrs(n.op, n.attrs), tuple(slot[x] for x in n.inputs),
+                 slot[n.name], tuple(frees_at.get(i, ())))
+            for i, n in enumerate(graph.nodes)
+        ]
+        self.leaf_slots = leaf_slots
+
+    # ---------------------------------------------------------------- binding
+    def check_param(self, name: str, value) -> object:
+        v = self.param_type.get(name)
+        if v is None:
+            raise RuntimeInputError(f"set_param: unknown param {name!r}; expected one of "
+                                    f"{sorted(self.param_type) or 'none (all params are bound)'}")
+        return check_array(self.xp, f"param {name!r}", value, v.dtype, tuple(v.shape), {})
+
+    def bind_inputs(self, feeds: dict) -> list:
+        if not isinstance(feeds, dict):
+            raise RuntimeInputError(f"run() takes a dict of input name -> array; got {type(feeds).__name__}")
+        expected = [n for n, *_ in self.input_slots]
+        unknown = sorted(set(feeds) - set(expected))
+        if unknown:
+            raise RuntimeInputError(f"run(): unknown input(s) {unknown}; expected {expected}")
+        vals = list(self.base)
+        dims: dict[str, tuple[int, str]] = {}
+        for name, s, dtype, shape in self.input_slots:
+            if name not in feeds:
+                raise RuntimeInputError(f"run(): missing input {name!r} ({dtype}{list(shape)}); expected {expected}")
+            vals[s] = check_array(self.xp, f"input {name!r}", feeds[name], dtype, shape, dims)
+        for pname, s in self.param_slot.items():
+            if vals[s] is None:
+                raise RuntimeInputError(f"run(): param {pname!r} is not set; call set_param({pname!r}, array) "
+                                        "or bind it at compile time (CompileOptions(param_bindings=...))")
+        return vals
+
+    # ---------------------------------------------------------------- execution
+    def execute(self, vals: list, profile: dict | None = None) -> list:
+        xp = self.xp
+        step = None
+        try:
+            if profile is None:
+                for step in self.steps:
+                    vals[step.out] = step.fn(xp, step.attrs, *[vals[i] for i in step.ins])
+                    for f in step.frees:
+                        vals[f] = None
+            else:
+                clock = time.perf_counter
+                for step in self.steps:
+                    t0 = clock()
+                    vals[step.out] = step.fn(xp, step.attrs, *[vals[i] for i in step.ins])
+                    dt = clock() - t0
+                    rec = profile.setdefault(step.op, [0, 0.0])
+                    rec[0] += 1
+                    rec[1] += dt
+                    for f in step.frees:
+                        vals[f] = None
+        except RlxError:
+            raise
+        except Exception as e:  # noqa: BLE001 - kernel failures are reported with the node name
+            raise RlxError(f"node {step.name!r} ({step.op}) failed at run time: {type(e).__name__}: {e}") from e
+        return vals
+
+    def outputs(self, vals: list) -> dict:
+        out = {}
+        seen: set[int] = set()
+        leaf_ids = {id(vals[s]) for s in self.leaf_slots}
+        for name, s in self.output_slots:
+            a = vals[s]
+            # never hand out a leaf, a view into another buffer, or the same array twice
+            if id(a) in leaf_ids or id(a) in seen or getattr(a, "base", None) is not None:
+                a = a.copy()
+            seen.add(id(a))
+            out[name] = a
+        return out
+
+
+def check_array(xp, what: str, value, dtype: str, shape: tuple, dims: dict):
+    want = compute_dtype(dtype)
+    a = value if (xp is not np and isinstance(value, xp.ndarray)) else np.asarray(value)
+    if dtype == "bf16" and a.dtype == np.float32:
+        pass
+    elif a.dtype != want:
+        raise RuntimeInputError(f"{what}: dtype {a.dtype}; expected {want} ({dtype})")
+    if a.ndim != len(shape):
+        raise RuntimeInputError(f"{what}: rank {a.ndim} (shape {list(a.shape)}); expected rank {len(shape)} "
+                                f"{list(shape)}")
+    for i, (got, exp) in enumerate(zip(a.shape, shape)):
+        if isinstance(exp, int):
+            if got != exp:
+                raise RuntimeInputError(f"{what}: dim {i} is {got}; expected {exp} (shape {list(shape)})")
+        else:
+            prev = dims.get(exp)
+            if prev is not None and prev[0] != got:
+                raise RuntimeInputError(f"{what}: dim {i} ({exp!r}) is {got}, but {prev[1]} bound {exp!r} = "
+                                        f"{prev[0]}; expected the same size")
+            dims.setdefault(exp, (got, what))
+    return a if xp is np else xp.asarray(a)

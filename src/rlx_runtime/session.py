@@ -1,0 +1,93 @@
+"""Session and CompiledGraph: the public face of the runtime."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlx_format.errors import RlxError
+from rlx_format.graph import Graph
+
+from .device import Device, array_module
+from .options import CompileOptions
+from .plan import Plan
+
+
+class CompiledGraph:
+    """A graph planned for one device. `run` is cheap; `set_param` binds run-time weights."""
+
+    def __init__(self, graph: Graph, xp, device: Device, options: CompileOptions, report: Any = None):
+        self.graph = graph
+        self.device = device
+        self.options = options
+        self.pass_report = report
+        self._plan = Plan(graph, xp)
+        self._profile: dict | None = {} if options.profile else None
+
+    @property
+    def input_names(self) -> list[str]:
+        return self.graph.input_names
+
+    @property
+    def output_names(self) -> list[str]:
+        return list(self.graph.outputs)
+
+    @property
+    def param_names(self) -> list[str]:
+        return self.graph.param_names
+
+    def plan_ops(self) -> list[str]:
+        """The op of every step the forward executes, in order."""
+        return [s.op for s in self._plan.steps]
+
+    def set_param(self, name: str, array) -> None:
+        self._plan.base[self._plan.param_slot.get(name, -1)] = self._plan.check_param(name, array)
+
+    def run(self, feeds: dict) -> dict:
+        plan = self._plan
+        return plan.outputs(plan.execute(plan.bind_inputs(feeds), self._profile))
+
+    # ---------------------------------------------------------------- profiling
+    def enable_profiling(self, on: bool = True) -> None:
+        self._profile = {} if on else None
+
+    def profile(self) -> dict[str, tuple[int, float]]:
+        """op -> (calls, seconds) since profiling was enabled (empty when off)."""
+        return {k: (v[0], v[1]) for k, v in (self._profile or {}).items()}
+
+    def reset_profile(self) -> None:
+        if self._profile is not None:
+            self._profile.clear()
+
+
+class Session:
+    """Compiles graphs (or read .rlx files) for one device."""
+
+    def __init__(self, device: Device | str = Device.CPU):
+        self.device = Device.parse(device) if isinstance(device, str) else device
+        self.xp = array_module(self.device)
+
+    def compile(self, graph_or_file) -> CompiledGraph:
+        return self.compile_with(graph_or_file, CompileOptions(optimize=False))
+
+    def compile_with(self, graph_or_file, options: CompileOptions | None = None):
+        options = options or CompileOptions()
+        graph = _as_graph(graph_or_file)
+        report = None
+        if options.param_bindings or options.optimize:
+            from .passes.pipeline import compile_pipeline
+            graph, report = compile_pipeline(graph, options)
+        if options.cache_param_invariant:
+            from .hoist import HoistedGraph, split_param_invariant
+            split = split_param_invariant(graph)
+            if split is not None:
+                return HoistedGraph(split, self.xp, self.device, options, report)
+        return CompiledGraph(graph, self.xp, self.device, options, report)
+
+
+def _as_graph(obj) -> Graph:
+    if isinstance(obj, Graph):
+        return obj
+    materialize = getattr(obj, "materialize_graph", None)
+    if materialize is not None:
+        return materialize()
+    raise RlxError(f"compile() takes a Graph or an RlxFile; got {type(obj).__name__}")
