@@ -70,7 +70,7 @@ class GraphBuilder:
             from .dtypes import NUMPY_DTYPES
             arr = arr.astype(NUMPY_DTYPES[dtype])
         name = self._claim(name, "const")
-        self._consts.append(Value(name, dtype, tuple(arr.shape), np.ascontiguousarray(arr)))
+        self._consts.append(Value(name, dtype, tuple(arr.shape), arr.copy(order="C")))
         return name
 
     def op(self, op: str, *inputs: str, name: str | None = None, **attrs) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import RlxError
+from .errors import GraphError, RlxError
 
 # IR dtype name -> numpy storage dtype (little-endian)
 NUMPY_DTYPES: dict[str, np.dtype] = {
@@ -32,7 +32,7 @@ _FROM_NUMPY = {np.dtype(v).newbyteorder("="): k for k, v in NUMPY_DTYPES.items()
 
 def check_dtype(name: object, where: str) -> str:
     if not isinstance(name, str) or name not in NUMPY_DTYPES:
-        raise RlxError(f"{where}: unknown dtype {name!r}; expected one of {', '.join(DTYPES)}")
+        raise GraphError(f"{where}: unknown dtype {name!r}; expected one of {', '.join(DTYPES)}")
     return name
 
 

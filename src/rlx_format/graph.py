@@ -204,7 +204,7 @@ class Graph:
     @classmethod
     def from_json(cls, src: str | os.PathLike | dict) -> Graph:
         """Load graph.json from a path, a JSON string, or an already-parsed dict."""
-        if isinstance(src, dict):
+        if not isinstance(src, (str, os.PathLike)):
             return cls.from_dict(src)
         where = "graph.json"
         text = str(src)
@@ -264,7 +264,7 @@ def _dump_compact(d: dict) -> str:
     for k_i, k in enumerate(keys):
         v = d[k]
         tail = "," if k_i < len(keys) - 1 else ""
-        if isinstance(v, list) and v:
+        if isinstance(v, list) and v and isinstance(v[0], dict):
             lines.append(f" {json.dumps(k)}: [")
             for i, e in enumerate(v):
                 sep = "," if i < len(v) - 1 else ""

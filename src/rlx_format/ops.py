@@ -274,7 +274,7 @@ def _reshape(ctx: InferCtx) -> TensorType:
                 if d in num:
                     num.remove(d)
                     den.remove(d)
-            if all(isinstance(d, int) for d in num + den) and den and math.prod(num) % math.prod(den) == 0:
+            if all(isinstance(d, int) for d in num + den) and math.prod(num) % max(math.prod(den), 1) == 0:
                 out[out.index(-1)] = math.prod(num) // math.prod(den)
             elif not den and len(num) == 1:
                 out[out.index(-1)] = num[0]

@@ -246,7 +246,8 @@ def _slice(xp, a, x):
     axes = a["axes"] if a["axes"] is not None else range(len(a["starts"]))
     steps = a["steps"] or [1] * len(a["starts"])
     for s, e, ax, st in zip(a["starts"], a["ends"], axes, steps):
-        idx[ax] = slice(*slice(s, e, st).indices(x.shape[ax]))
+        start, stop, step = slice(s, e, st).indices(x.shape[ax])
+        idx[ax] = slice(start, None if stop < 0 else stop, step)  # stop -1 means "before index 0"
     return x[tuple(idx)]
 
 

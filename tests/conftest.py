@@ -1,0 +1,44 @@
+import numpy as np
+import pytest
+
+from rlx_format import GraphBuilder
+from rlx_runtime import Device, Session
+
+
+def _has_gpu() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    if _has_gpu():
+        return
+    skip = pytest.mark.skip(reason="no CUDA GPU / cupy on this machine")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
+
+
+def run_op(op: str, inputs: list[np.ndarray], attrs: dict | None = None, consts: tuple[int, ...] = ()) -> np.ndarray:
+    """Build a one-node graph (inputs fed at run time, `consts` indices as constants) and run it."""
+    from rlx_format.dtypes import dtype_of_array
+
+    g = GraphBuilder(op)
+    names, feeds = [], {}
+    for i, a in enumerate(inputs):
+        if i in consts:
+            names.append(g.constant(a, name=f"c{i}"))
+        else:
+            names.append(g.input(f"in{i}", dtype_of_array(a), list(a.shape)))
+            feeds[f"in{i}"] = a
+    g.output(g.op(op, *names, name="out", **(attrs or {})))
+    return Session(Device.CPU).compile(g.build()).run(feeds)["out"]

@@ -1,0 +1,148 @@
+import numpy as np
+import pytest
+from conftest import run_op
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from rlx_format import GraphBuilder, RlxError
+from rlx_runtime import CompileOptions, Device, Session
+
+
+def mlp():
+    g = GraphBuilder("mlp")
+    x = g.input("x", "f32", ["batch", 4])
+    m = g.input("m", "f32", ["batch", 3])
+    w = g.param("w", "f32", [4, 3])
+    g.output(g.add(g.relu(g.matmul(x, w)), m, name="y"))
+    return g.build()
+
+
+def test_run_and_set_param(rng):
+    c = Session(Device.CPU).compile(mlp())
+    w = rng.standard_normal((4, 3)).astype(np.float32)
+    c.set_param("w", w)
+    x = rng.standard_normal((2, 4)).astype(np.float32)
+    m = np.ones((2, 3), np.float32)
+    np.testing.assert_array_equal(c.run({"x": x, "m": m})["y"], np.maximum(x @ w, 0) + m)
+
+
+@pytest.mark.parametrize("feeds,match", [
+    ({"x": np.zeros((2, 4), np.float32)}, "missing input 'm'"),
+    ({"x": np.zeros((2, 4), np.float32), "m": np.zeros((2, 3), np.float32), "z": 1}, "unknown input\\(s\\) \\['z'\\]"),
+    ({"x": np.zeros((2, 4)), "m": np.zeros((2, 3), np.float32)}, "input 'x': dtype float64; expected float32"),
+    ({"x": np.zeros((4,), np.float32), "m": np.zeros((2, 3), np.float32)}, "input 'x': rank 1.*expected rank 2"),
+    ({"x": np.zeros((2, 5), np.float32), "m": np.zeros((2, 3), np.float32)}, "input 'x': dim 1 is 5; expected 4"),
+    ({"x": np.zeros((2, 4), np.float32), "m": np.zeros((3, 3), np.float32)},
+     "input 'm': dim 0 \\('batch'\\) is 3, but input 'x' bound 'batch' = 2"),
+])
+def test_input_validation(feeds, match):
+    c = Session(Device.CPU).compile(mlp())
+    c.set_param("w", np.zeros((4, 3), np.float32))
+    with pytest.raises(RlxError, match=match):
+        c.run(feeds)
+
+
+def test_unset_and_unknown_params():
+    c = Session(Device.CPU).compile(mlp())
+    feeds = {"x": np.zeros((2, 4), np.float32), "m": np.zeros((2, 3), np.float32)}
+    with pytest.raises(RlxError, match="param 'w' is not set; call set_param"):
+        c.run(feeds)
+    with pytest.raises(RlxError, match="unknown param 'v'"):
+        c.set_param("v", np.zeros(3))
+    with pytest.raises(RlxError, match="param 'w': dim 0 is 5; expected 4"):
+        c.set_param("w", np.zeros((5, 3), np.float32))
+
+
+def test_outputs_never_alias_inputs_or_each_other(rng):
+    g = GraphBuilder()
+    x = g.input("x", "f32", [2, 3])
+    r = g.reshape(x, shape=[3, 2], name="r")
+    g.output(x, r, g.identity(r, name="r2"))
+    c = Session().compile(g.build())
+    xin = rng.standard_normal((2, 3)).astype(np.float32)
+    out = c.run({"x": xin})
+    assert not np.shares_memory(out["x"], xin)
+    assert not np.shares_memory(out["r"], xin)
+    assert not np.shares_memory(out["r"], out["r2"])
+    out["r"][:] = 7
+    assert not (c.run({"x": xin})["r"] == 7).any()
+
+
+def test_intermediates_are_freed_after_last_use():
+    g = GraphBuilder()
+    x = g.input("x", "f32", [4])
+    a = g.exp(x, name="a")
+    b = g.neg(a, name="b")
+    g.output(g.abs(b, name="c"))
+    c = Session().compile(g.build())
+    frees = {s.name: s.frees for s in c._plan.steps}
+    assert frees["b"] == (c._plan.slot["a"],) and frees["c"] == (c._plan.slot["b"],)
+
+
+def test_profile_counts_calls():
+    c = Session().compile_with(mlp(), CompileOptions(profile=True, optimize=False))
+    c.set_param("w", np.zeros((4, 3), np.float32))
+    for _ in range(3):
+        c.run({"x": np.zeros((1, 4), np.float32), "m": np.zeros((1, 3), np.float32)})
+    prof = c.profile()
+    assert prof["MatMul"][0] == 3 and prof["Relu"][0] == 3 and prof["Add"][0] == 3
+    assert Session().compile(mlp()).profile() == {}
+
+
+def test_kernel_failure_names_node():
+    g = GraphBuilder()
+    x = g.input("x", "f32", [3])
+    i = g.input("i", "i64", [1])
+    g.output(g.gather(x, i, name="gathered"))
+    with pytest.raises(RlxError, match="node 'gathered' \\(Gather\\) failed at run time"):
+        Session().compile(g.build()).run({"x": np.zeros(3, np.float32), "i": np.array([5])})
+
+
+def test_random_ops_draw_fresh_values_each_run():
+    g = GraphBuilder()
+    g.output(g.random_normal(shape=[4], seed=3, name="r"))
+    c = Session().compile(g.build())
+    a, b = c.run({})["r"], c.run({})["r"]
+    assert not np.array_equal(a, b)
+    np.testing.assert_array_equal(Session().compile(g.build()).run({})["r"], a)  # seeded
+
+
+def test_cuda_without_gpu_is_a_clear_error():
+    try:
+        import cupy  # noqa: F401
+        pytest.skip("cupy present")
+    except ImportError:
+        pass
+    with pytest.raises(RlxError, match="install the CUDA extra"):
+        Session(Device.CUDA)
+    assert Device.parse("cuda:1") is Device.CUDA
+    with pytest.raises(RlxError, match="unknown device"):
+        Device.parse("tpu")
+
+
+shapes = hnp.array_shapes(min_dims=0, max_dims=4, min_side=1, max_side=4)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data(), st.sampled_from(["Add", "Sub", "Mul", "Max", "Min", "Less", "Equal"]))
+def test_binary_broadcasting_matches_numpy(data, op):
+    a_shape, b_shape = data.draw(hnp.mutually_broadcastable_shapes(num_shapes=2, max_dims=4, max_side=4)).input_shapes
+    elems = st.floats(-100, 100, width=32)
+    a = data.draw(hnp.arrays(np.float32, a_shape, elements=elems))
+    b = data.draw(hnp.arrays(np.float32, b_shape, elements=elems))
+    ref = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Max": np.maximum, "Min": np.minimum,
+           "Less": np.less, "Equal": np.equal}[op](a, b)
+    np.testing.assert_array_equal(run_op(op, [a, b]), ref)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data(), st.sampled_from(["ReduceSum", "ReduceMax", "ReduceMin", "ReduceMean"]))
+def test_reductions_match_numpy(data, op):
+    x = data.draw(hnp.arrays(np.float32, hnp.array_shapes(min_dims=1, max_dims=4, max_side=5),
+                             elements=st.floats(-10, 10, width=32)))
+    axes = data.draw(st.lists(st.integers(0, x.ndim - 1), unique=True, min_size=1, max_size=x.ndim))
+    keep = data.draw(st.integers(0, 1))
+    fn = {"ReduceSum": np.sum, "ReduceMax": np.max, "ReduceMin": np.min, "ReduceMean": np.mean}[op]
+    ref = fn(x, axis=tuple(axes), keepdims=bool(keep))
+    np.testing.assert_allclose(run_op(op, [x], {"axes": axes, "keepdims": keep}), ref, rtol=1e-5, atol=1e-5)
