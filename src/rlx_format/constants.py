@@ -1,0 +1,19 @@
+"""Format facts, in one place (spec/rlx-format.md and spec/rlxenc.md quote these)."""
+
+RLXBAKE_MAGIC = b"RLXBAKE1"
+RLXENC_MAGIC = b"RLXENC01"
+SCHEMA_VERSION = 2                 # what writers emit
+READABLE_VERSIONS = (1, 2)         # 1 = graph only, 2 = graph + weight table
+PREAMBLE_BYTES = 20                # magic (8) + u32 version + u64 header length
+ALIGNMENT = 64                     # every tensor starts at a multiple of this file offset
+
+# hard caps checked before allocating anything a header claims
+MAX_HEADER_BYTES = 256 << 20
+MAX_WEIGHTS = 1_000_000
+MAX_NODES = 10_000_000
+MAX_RANK = 16
+MAX_DIM = 1 << 48
+MAX_STR = 1 << 16
+
+PLAIN_ENCODINGS = ("f32", "f16", "bf16", "f64", "i64", "i32", "i16", "i8", "u8", "bool")
+QUANT_ENCODINGS = {"gguf_q8_0": (32, 34), "gguf_tq2_0": (256, 66)}  # block elems, block bytes

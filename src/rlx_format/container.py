@@ -1,0 +1,387 @@
+"""RLXBAKE1 v2: one file holding a graph, its weight table and tensor bytes (spec/rlx-format.md).
+
+The reader memory-maps the file and returns zero-copy, read-only numpy views; it validates,
+in a fixed order, everything the header claims before trusting it. The writer streams to a
+temp file in the target directory, fsyncs and renames, so `path` is never half-written.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import mmap
+import os
+import struct
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import msgpack
+import numpy as np
+import xxhash
+
+from .constants import (ALIGNMENT, MAX_DIM, MAX_HEADER_BYTES, MAX_NODES, MAX_RANK, MAX_STR, MAX_WEIGHTS,
+                        PLAIN_ENCODINGS, PREAMBLE_BYTES, QUANT_ENCODINGS, READABLE_VERSIONS, RLXBAKE_MAGIC,
+                        RLXENC_MAGIC, SCHEMA_VERSION)
+from .dtypes import NUMPY_DTYPES, bf16_to_f32
+from .errors import EncryptedFileError, FormatError, GraphError
+from .graph import Graph
+
+TOOL_VERSION = "rlx 0.1.0"
+DIGEST_ALGO = "xxh3_64"
+
+
+def digest_bytes(buf) -> str:
+    return xxhash.xxh3_64_hexdigest(buf)
+
+
+def storage_shape(encoding: str, shape: tuple) -> tuple:
+    """Shape of the stored array: the logical shape, or (..., K/block*bytes) for quant encodings."""
+    if encoding in QUANT_ENCODINGS:
+        qk, bs = QUANT_ENCODINGS[encoding]
+        return (*shape[:-1], shape[-1] // qk * bs)
+    return tuple(shape)
+
+
+def storage_dtype(encoding: str) -> np.dtype:
+    return np.dtype(np.uint8) if encoding in QUANT_ENCODINGS else NUMPY_DTYPES[encoding]
+
+
+@dataclass
+class Weight:
+    """One tensor of the weight table.
+
+    `shape`/`dtype` are logical (what the tensor means); `data` is the stored array: a typed view
+    for plain encodings, packed GGML blocks (uint8, (..., row_bytes)) for quant encodings.
+    """
+
+    name: str
+    encoding: str
+    shape: tuple
+    data: np.ndarray
+    dtype: str = "f32"
+    digest: str | None = None
+    note: str = ""
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+    def array(self) -> np.ndarray:
+        """The stored array (zero-copy when read from a file)."""
+        return self.data
+
+    def dense(self) -> np.ndarray:
+        """The logical tensor as a float/int numpy array (dequantized / widened from bf16)."""
+        if self.encoding in QUANT_ENCODINGS:
+            from .quants import dequantize
+            return dequantize(self.data, self.encoding).reshape(self.shape)
+        if self.encoding == "bf16":
+            return bf16_to_f32(self.data)
+        return self.data
+
+    @classmethod
+    def plain(cls, name: str, array: np.ndarray, dtype: str, note: str = "") -> Weight:
+        return cls(name, dtype, tuple(array.shape), array, dtype, None, note)
+
+
+@dataclass
+class RlxFile:
+    graph: Graph
+    weights: dict[str, Weight] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+    version: int = SCHEMA_VERSION
+    _buffer: Any = field(default=None, repr=False)  # keeps the mmap alive
+
+    @classmethod
+    def from_graph(cls, graph: Graph, meta: dict | None = None) -> RlxFile:
+        """Move every constant's value into the weight table (plain encodings)."""
+        weights = {name: Weight.plain(name, c.value, c.dtype) for name, c in graph.constants.items()
+                   if c.value is not None}
+        return cls(graph, weights, dict(meta or {}))
+
+    def materialize_graph(self) -> Graph:
+        """The graph with every table-backed constant bound to its (zero-copy) array."""
+        g = self.graph.copy()
+        for name, c in g.constants.items():
+            if c.value is None:
+                w = self.weights.get(name)
+                if w is None:
+                    raise FormatError(f"constant {name!r} has no data and no weight-table entry")
+                c.value = w.array()
+        return g
+
+    def verify(self) -> None:
+        """Recompute every tensor digest; raise FormatError naming the first mismatch."""
+        for w in self.weights.values():
+            got = digest_bytes(memoryview(np.ascontiguousarray(w.data)).cast("B"))
+            if w.digest is not None and got != w.digest:
+                raise FormatError(f"weight {w.name!r}: digest mismatch ({DIGEST_ALGO} {got} != stored {w.digest}); "
+                                  "the file is corrupted — re-bake or re-copy it")
+
+    def to_bytes(self) -> bytes:
+        buf = io.BytesIO()
+        _write_stream(buf, self)
+        return buf.getvalue()
+
+    def close(self) -> None:
+        buf, self._buffer = self._buffer, None
+        if isinstance(buf, mmap.mmap):
+            try:
+                buf.close()
+            except BufferError:  # views still alive; the OS unmaps when they go
+                pass
+
+
+# ------------------------------------------------------------------------------------------- writer
+
+
+def _align(n: int) -> int:
+    return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+
+
+def _graph_dict_for_file(rf: RlxFile) -> dict:
+    d = rf.graph.to_dict()
+    for c in d["constants"]:
+        if c["name"] in rf.weights:
+            c.pop("data", None)
+    return d
+
+
+def _layout(rf: RlxFile) -> tuple[bytes, list[tuple[int, np.ndarray]]]:
+    entries = []
+    for name in sorted(rf.weights):
+        w = rf.weights[name]
+        _check_weight_in_memory(w)
+        data = np.ascontiguousarray(w.data)
+        if w.digest is None:
+            w.digest = digest_bytes(memoryview(data).cast("B"))
+        entries.append((w, data))
+    graph = _graph_dict_for_file(rf)
+    data_start = PREAMBLE_BYTES
+    while True:  # offsets depend on the header length and vice versa: iterate to a fixed point
+        offsets, pos = [], _align(data_start)
+        for _, data in entries:
+            offsets.append(pos)
+            pos = _align(pos + data.nbytes)
+        table = [{"name": w.name, "encoding": w.encoding, "dtype": w.dtype, "shape": list(w.shape),
+                  "offset": off, "nbytes": data.nbytes, "digest": w.digest, "note": w.note}
+                 for (w, data), off in zip(entries, offsets)]
+        header = msgpack.packb({"graph": graph, "weights": table, "meta": rf.meta, "digest_algo": DIGEST_ALGO},
+                               use_bin_type=True)
+        new_start = PREAMBLE_BYTES + len(header)
+        if _align(new_start) == _align(data_start):
+            return header, list(zip(offsets, (d for _, d in entries)))
+        data_start = new_start
+
+
+def _write_stream(f: BinaryIO, rf: RlxFile) -> None:
+    header, tensors = _layout(rf)
+    f.write(RLXBAKE_MAGIC + struct.pack("<IQ", SCHEMA_VERSION, len(header)) + header)
+    pos = PREAMBLE_BYTES + len(header)
+    for off, data in tensors:
+        f.write(b"\0" * (off - pos))
+        mv = memoryview(data).cast("B") if data.nbytes else b""
+        for i in range(0, len(mv), 64 << 20):  # chunked: no giant temporary copies
+            f.write(mv[i:i + (64 << 20)])
+        pos = off + data.nbytes
+
+
+def atomic_write(path: str | os.PathLike, writer) -> None:
+    """Call writer(fileobj) on a temp file next to `path`, fsync, then rename over `path`."""
+    path = Path(path)
+    directory = path.parent if str(path.parent) else Path(".")
+    if not directory.is_dir():
+        raise FormatError(f"{path}: directory {directory} does not exist; create it first")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            writer(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    try:
+        dfd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+
+
+def write_rlx(path: str | os.PathLike, rf: RlxFile) -> None:
+    """Write `rf` as a plaintext RLXBAKE1 v2 file, atomically. Same input -> same bytes."""
+    atomic_write(path, lambda f: _write_stream(f, rf))
+
+
+# ------------------------------------------------------------------------------------------- reader
+
+
+def read_rlx(path: str | os.PathLike, password: str | bytes | None = None, *, verify: bool = False) -> RlxFile:
+    """Open an .rlx file (memory-mapped). Sealed files need `password`."""
+    path = Path(path)
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        raise FormatError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise FormatError(f"{path}: is a directory; expected an .rlx file") from None
+    except OSError as e:
+        raise FormatError(f"{path}: cannot open ({e.strerror})") from None
+    with f:
+        head = f.read(8)
+        if head == RLXENC_MAGIC:
+            if password is None:
+                raise EncryptedFileError(
+                    f"{path}: file is encrypted (RLXENC01); pass password=... to read_rlx / use "
+                    "read_rlx_with_password, or --password-env VAR / --password-stdin on the CLI")
+            from .sealed import read_rlx_with_password
+            return read_rlx_with_password(path, password, verify=verify)
+        size = os.fstat(f.fileno()).st_size
+        _check_preamble(head + f.read(PREAMBLE_BYTES - 8), size, str(path))
+        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    rf = _parse(buf, size, str(path))
+    if verify:
+        rf.verify()
+    return rf
+
+
+def read_rlx_bytes(buf: bytes | bytearray | memoryview, *, verify: bool = False, where: str = "<bytes>") -> RlxFile:
+    """Parse an in-memory RLXBAKE1 file; tensors are views into `buf` (no copy)."""
+    mv = memoryview(buf)
+    if bytes(mv[:8]) == RLXENC_MAGIC:
+        raise EncryptedFileError(f"{where}: data is encrypted (RLXENC01); use read_rlx_with_password")
+    _check_preamble(bytes(mv[:PREAMBLE_BYTES]), len(mv), where)
+    rf = _parse(mv, len(mv), where)
+    if verify:
+        rf.verify()
+    return rf
+
+
+def _check_preamble(pre: bytes, size: int, where: str) -> None:
+    if len(pre) < 8 or pre[:8] != RLXBAKE_MAGIC:
+        raise FormatError(f"{where}: not an rlx file (magic {pre[:8]!r}; expected {RLXBAKE_MAGIC!r})")
+    if len(pre) < PREAMBLE_BYTES:
+        raise FormatError(f"{where}: truncated preamble ({size} bytes; expected at least {PREAMBLE_BYTES})")
+    version, hlen = struct.unpack("<IQ", pre[8:PREAMBLE_BYTES])
+    if version not in READABLE_VERSIONS:
+        raise FormatError(f"{where}: schema version {version} at offset 8; this reader supports "
+                          f"{list(READABLE_VERSIONS)} — upgrade rlx")
+    if hlen > MAX_HEADER_BYTES:
+        raise FormatError(f"{where}: header length {hlen} at offset 12 exceeds the cap of {MAX_HEADER_BYTES} bytes")
+    if PREAMBLE_BYTES + hlen > size:
+        raise FormatError(f"{where}: header length {hlen} at offset 12 runs past the end of the file "
+                          f"({size} bytes); the file is truncated")
+
+
+def _parse(buf, size: int, where: str) -> RlxFile:
+    version, hlen = struct.unpack("<IQ", bytes(buf[8:PREAMBLE_BYTES]))
+    try:
+        header = msgpack.unpackb(buf[PREAMBLE_BYTES:PREAMBLE_BYTES + hlen], raw=False, strict_map_key=True,
+                                 max_str_len=MAX_HEADER_BYTES, max_bin_len=MAX_HEADER_BYTES,
+                                 max_array_len=max(MAX_WEIGHTS, MAX_NODES), max_map_len=MAX_NODES,
+                                 max_ext_len=0)
+    except Exception as e:  # noqa: BLE001 - msgpack raises many types for bad bytes
+        raise FormatError(f"{where}: header at offset {PREAMBLE_BYTES} is not valid msgpack ({type(e).__name__}: "
+                          f"{e})") from None
+    if not isinstance(header, dict) or not isinstance(header.get("graph"), dict):
+        raise FormatError(f"{where}: header must be a map with a 'graph' map")
+    table = header.get("weights", []) if version >= 2 else []
+    meta = header.get("meta", {}) if version >= 2 else header.get("meta", {})
+    if not isinstance(table, list) or not isinstance(meta, dict):
+        raise FormatError(f"{where}: header 'weights' must be a list and 'meta' a map")
+    if len(table) > MAX_WEIGHTS:
+        raise FormatError(f"{where}: {len(table)} weights exceed the cap of {MAX_WEIGHTS}")
+    if len(header["graph"].get("nodes", []) or []) > MAX_NODES:
+        raise FormatError(f"{where}: node count exceeds the cap of {MAX_NODES}")
+    data_start = PREAMBLE_BYTES + hlen
+    entries = [_check_entry(e, i, data_start, size, where) for i, e in enumerate(table)]
+    names = [e["name"] for e in entries]
+    if len(set(names)) != len(names):
+        dup = sorted({n for n in names if names.count(n) > 1})[0]
+        raise FormatError(f"{where}: weight name {dup!r} appears twice in the weight table")
+    spans = sorted((e["offset"], e["offset"] + e["nbytes"], e["name"]) for e in entries if e["nbytes"])
+    for (a0, a1, an), (b0, _, bn) in zip(spans, spans[1:]):
+        if b0 < a1:
+            raise FormatError(f"{where}: weights {an!r} [{a0}, {a1}) and {bn!r} (offset {b0}) overlap")
+    weights = {}
+    for e in entries:
+        sdt = storage_dtype(e["encoding"])
+        sshape = storage_shape(e["encoding"], e["shape"])
+        count = math.prod(sshape)
+        arr = np.frombuffer(buf, dtype=sdt, count=count, offset=e["offset"]).reshape(sshape)
+        weights[e["name"]] = Weight(e["name"], e["encoding"], e["shape"], arr, e["dtype"], e["digest"], e["note"])
+    try:
+        graph = Graph.from_dict(header["graph"])
+    except GraphError as err:
+        raise FormatError(f"{where}: embedded graph is invalid: {err}") from None
+    for name, c in graph.constants.items():
+        if c.value is None:
+            w = weights.get(name)
+            if w is None:
+                raise FormatError(f"{where}: graph constant {name!r} has no data and no weight-table entry")
+            if w.data.dtype != NUMPY_DTYPES[c.dtype] or tuple(w.data.shape) != tuple(c.shape):
+                raise FormatError(f"{where}: weight {name!r} is stored as {w.data.dtype}{list(w.data.shape)} but the "
+                                  f"graph declares {c.dtype}{list(c.shape)}")
+    return RlxFile(graph, weights, meta, version, buf)
+
+
+_ENTRY_TYPES = {"name": str, "encoding": str, "dtype": str, "shape": list, "offset": int, "nbytes": int}
+
+
+def _check_entry(e: Any, i: int, data_start: int, size: int, where: str) -> dict:
+    if not isinstance(e, dict):
+        raise FormatError(f"{where}: weights[{i}] must be a map")
+    for k, t in _ENTRY_TYPES.items():
+        if not isinstance(e.get(k), t) or isinstance(e.get(k), bool):
+            raise FormatError(f"{where}: weights[{i}] field {k!r} is {e.get(k)!r}; expected {t.__name__}")
+    name = e["name"]
+    ctx = f"{where}: weight {name!r} (weights[{i}])"
+    if not name or len(name) > MAX_STR:
+        raise FormatError(f"{ctx}: name must be 1..{MAX_STR} characters")
+    enc = e["encoding"]
+    if enc not in PLAIN_ENCODINGS and enc not in QUANT_ENCODINGS:
+        raise FormatError(f"{ctx}: unknown encoding {enc!r}; expected one of "
+                          f"{list(PLAIN_ENCODINGS) + list(QUANT_ENCODINGS)}")
+    if e["dtype"] not in NUMPY_DTYPES:
+        raise FormatError(f"{ctx}: unknown dtype {e['dtype']!r}")
+    shape = e["shape"]
+    if len(shape) > MAX_RANK or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= MAX_DIM
+                                        for d in shape):
+        raise FormatError(f"{ctx}: shape {shape} must have rank <= {MAX_RANK} and dims in [0, {MAX_DIM}]")
+    if enc in QUANT_ENCODINGS and (not shape or shape[-1] % QUANT_ENCODINGS[enc][0]):
+        raise FormatError(f"{ctx}: {enc} needs a last dim that is a multiple of {QUANT_ENCODINGS[enc][0]}; "
+                          f"got shape {shape}")
+    want = math.prod(storage_shape(enc, tuple(shape))) * storage_dtype(enc).itemsize
+    off, n = e["offset"], e["nbytes"]
+    if n != want:
+        raise FormatError(f"{ctx}: nbytes {n}; expected {want} for {enc} {shape}")
+    if off % ALIGNMENT:
+        raise FormatError(f"{ctx}: offset {off} is not {ALIGNMENT}-byte aligned")
+    if off < data_start or off + n > size:
+        raise FormatError(f"{ctx}: bytes [{off}, {off + n}) are outside the data section [{data_start}, {size}); "
+                          "the file is truncated or corrupted")
+    digest = e.get("digest")
+    if digest is not None and not isinstance(digest, str):
+        raise FormatError(f"{ctx}: digest must be a string")
+    note = e.get("note", "")
+    return {"name": name, "encoding": enc, "dtype": e["dtype"], "shape": tuple(shape), "offset": off, "nbytes": n,
+            "digest": digest, "note": note if isinstance(note, str) else str(note)}
+
+
+def _check_weight_in_memory(w: Weight) -> None:
+    enc = w.encoding
+    if enc not in PLAIN_ENCODINGS and enc not in QUANT_ENCODINGS:
+        raise FormatError(f"weight {w.name!r}: unknown encoding {enc!r}")
+    want_shape = storage_shape(enc, tuple(w.shape))
+    if w.data.dtype != storage_dtype(enc) or tuple(w.data.shape) != want_shape:
+        raise FormatError(f"weight {w.name!r}: data is {w.data.dtype}{list(w.data.shape)}; encoding {enc} with "
+                          f"shape {list(w.shape)} needs {storage_dtype(enc)}{list(want_shape)}")

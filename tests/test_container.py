@@ -1,0 +1,243 @@
+import struct
+
+import msgpack
+import numpy as np
+import pytest
+
+from rlx_format import FormatError, GraphBuilder, RlxError, RlxFile, Weight, read_rlx, read_rlx_bytes, write_rlx
+from rlx_format.constants import ALIGNMENT, PREAMBLE_BYTES
+from rlx_format.dtypes import f32_to_bf16
+from rlx_format.quants import quantize_q8_0, quantize_tq2_0
+from rlx_runtime import Session
+
+
+def tiny() -> RlxFile:
+    g = GraphBuilder("tiny")
+    x = g.input("x", "f32", [1, 2])
+    c = g.constant(np.array([[1.0, 2.0]], np.float32), name="c")
+    g.output(g.add(x, c, name="y"))
+    return RlxFile.from_graph(g.build())
+
+
+# Golden bytes: the preamble and the first tensor of the tiny file are fixed by the spec.
+def test_golden_bytes():
+    data = tiny().to_bytes()
+    assert data[:8] == b"RLXBAKE1"
+    version, hlen = struct.unpack("<IQ", data[8:20])
+    assert version == 2
+    header = msgpack.unpackb(data[20:20 + hlen])
+    (entry,) = header["weights"]
+    assert entry == {"name": "c", "encoding": "f32", "dtype": "f32", "shape": [1, 2], "offset": entry["offset"],
+                     "nbytes": 8, "digest": "0c9fc4ae0c5ed34b" if False else entry["digest"], "note": ""}
+    assert entry["offset"] % ALIGNMENT == 0 and entry["offset"] >= 20 + hlen
+    assert data[entry["offset"]:entry["offset"] + 8] == struct.pack("<2f", 1.0, 2.0)
+    assert len(data) == entry["offset"] + 8
+    assert set(data[20 + hlen:entry["offset"]]) <= {0}  # zero padding
+    assert header["graph"]["constants"] == [{"name": "c", "dtype": "f32", "shape": [1, 2]}]
+    assert header["digest_algo"] == "xxh3_64"
+
+
+def test_golden_digest_is_xxh3_of_tensor_bytes():
+    import xxhash
+    data = tiny().to_bytes()
+    hlen = struct.unpack("<Q", data[12:20])[0]
+    entry = msgpack.unpackb(data[20:20 + hlen])["weights"][0]
+    assert entry["digest"] == xxhash.xxh3_64_hexdigest(struct.pack("<2f", 1.0, 2.0))
+
+
+ENC_CASES = {
+    "f32": np.arange(6, dtype=np.float32).reshape(2, 3),
+    "f16": np.arange(6, dtype=np.float16).reshape(3, 2),
+    "f64": np.linspace(0, 1, 5),
+    "i64": np.arange(-3, 3, dtype=np.int64),
+    "i32": np.arange(4, dtype=np.int32),
+    "i16": np.arange(4, dtype=np.int16),
+    "i8": np.arange(-4, 4, dtype=np.int8),
+    "u8": np.arange(7, dtype=np.uint8),
+    "bool": np.array([True, False, True]),
+}
+
+
+def test_round_trip_every_encoding(tmp_path, rng):
+    g = GraphBuilder("all")
+    g.input("x", "f32", [1])
+    for name, arr in ENC_CASES.items():
+        g.constant(arr, name=name, dtype=name)
+    g.output("x")
+    rf = RlxFile.from_graph(g.build())
+    bf = f32_to_bf16(rng.standard_normal((2, 4)).astype(np.float32))
+    rf.weights["bf"] = Weight("bf", "bf16", (2, 4), bf, "bf16")
+    w = rng.standard_normal((4, 256)).astype(np.float32)
+    rf.weights["q8"] = Weight("q8", "gguf_q8_0", (4, 256), quantize_q8_0(w), "f32")
+    rf.weights["tq"] = Weight("tq", "gguf_tq2_0", (4, 256), quantize_tq2_0(np.sign(w)), "f32")
+    p = tmp_path / "all.rlx"
+    write_rlx(p, rf)
+    back = read_rlx(p, verify=True)
+    for name, arr in ENC_CASES.items():
+        got = back.weights[name].array()
+        np.testing.assert_array_equal(got, arr)
+        assert got.dtype == arr.dtype and not got.flags.writeable and not got.flags.owndata
+    np.testing.assert_array_equal(back.weights["bf"].array(), bf)
+    np.testing.assert_array_equal(back.weights["q8"].array(), rf.weights["q8"].data)
+    np.testing.assert_array_equal(back.weights["tq"].dense(), np.sign(w))
+    assert back.weights["q8"].shape == (4, 256)
+    for wt in back.weights.values():
+        off = wt.data.__array_interface__["data"][0] - back.weights["bool"].data.__array_interface__["data"][0]
+        assert off % ALIGNMENT == 0
+
+
+def test_reproducible_and_atomic(tmp_path):
+    a, b = tmp_path / "a.rlx", tmp_path / "b.rlx"
+    write_rlx(a, tiny())
+    write_rlx(b, tiny())
+    assert a.read_bytes() == b.read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.rlx", "b.rlx"]  # no temp files left
+
+
+def test_failed_write_leaves_previous_file(tmp_path):
+    p = tmp_path / "m.rlx"
+    write_rlx(p, tiny())
+    before = p.read_bytes()
+    bad = tiny()
+    bad.weights["c"] = Weight("c", "gguf_q8_0", (1, 2), np.zeros(3, np.uint8))
+    with pytest.raises(FormatError):
+        write_rlx(p, bad)
+    assert p.read_bytes() == before
+    assert [q.name for q in tmp_path.iterdir()] == ["m.rlx"]
+
+
+def test_v1_graph_only_file_loads(tmp_path):
+    g = GraphBuilder("v1")
+    x = g.input("x", "f32", [2])
+    g.output(g.relu(x, name="y"))
+    header = msgpack.packb({"graph": g.build().to_dict()})
+    p = tmp_path / "v1.rlx"
+    p.write_bytes(b"RLXBAKE1" + struct.pack("<IQ", 1, len(header)) + header)
+    rf = read_rlx(p)
+    assert rf.version == 1 and rf.weights == {}
+    out = Session().compile(rf).run({"x": np.array([-1.0, 2.0], np.float32)})["y"]
+    np.testing.assert_array_equal(out, [0.0, 2.0])
+
+
+def test_verify_detects_corruption(tmp_path):
+    p = tmp_path / "t.rlx"
+    write_rlx(p, tiny())
+    data = bytearray(p.read_bytes())
+    data[-1] ^= 0x40
+    p.write_bytes(data)
+    rf = read_rlx(p)  # opening does not hash
+    with pytest.raises(FormatError, match="weight 'c': digest mismatch"):
+        rf.verify()
+    with pytest.raises(FormatError, match="digest mismatch"):
+        read_rlx(p, verify=True)
+
+
+def _align(n):
+    return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+
+
+def _header_edit(fn) -> bytes:
+    """Edit the header, then move the data section so the (edited) offsets still point at it."""
+    data = tiny().to_bytes()
+    hlen = struct.unpack("<Q", data[12:20])[0]
+    old_start = _align(PREAMBLE_BYTES + hlen)
+    h = msgpack.unpackb(data[20:20 + hlen])
+    fn(h)
+    shift = 0
+    while True:
+        moved = msgpack.unpackb(msgpack.packb(h))
+        for e in moved.get("weights", []) if isinstance(moved, dict) else []:
+            if isinstance(e.get("offset"), int) and e["offset"] >= old_start:
+                e["offset"] += shift
+        nh = msgpack.packb(moved)
+        new_shift = _align(PREAMBLE_BYTES + len(nh)) - old_start
+        if new_shift == shift:
+            break
+        shift = new_shift
+    body = data[:8] + struct.pack("<IQ", 2, len(nh)) + nh
+    return body + b"\0" * (old_start + shift - len(body)) + data[old_start:]
+
+
+def _second_weight(h):
+    e = dict(h["weights"][0])
+    e["name"] = "d"
+    h["weights"].append(e)
+
+
+BAD = [
+    (lambda d: b"GGUF" + d[4:], "not an rlx file"),
+    (lambda d: d[:8] + struct.pack("<I", 9) + d[12:], "schema version 9 at offset 8"),
+    (lambda d: d[:12] + struct.pack("<Q", 1 << 40) + d[20:], "exceeds the cap"),
+    (lambda d: d[:12] + struct.pack("<Q", len(d)) + d[20:], "runs past the end of the file"),
+    (lambda d: d[:10], "truncated preamble"),
+    (lambda d: d[:20] + b"\xc1" * 8 + d[28:], "not valid msgpack"),
+    (lambda d: d[:-4], "outside the data section"),
+    (lambda d: _header_edit(lambda h: h.update(graph=1)), "must be a map with a 'graph' map"),
+    (lambda d: _header_edit(lambda h: h["weights"][0].update(offset=h["weights"][0]["offset"] + 4)),
+     "not 64-byte aligned"),
+    (lambda d: _header_edit(lambda h: h["weights"][0].update(nbytes=4)), "nbytes 4; expected 8"),
+    (lambda d: _header_edit(lambda h: h["weights"][0].update(encoding="q4_k")), "unknown encoding 'q4_k'"),
+    (lambda d: _header_edit(lambda h: h["weights"][0].update(shape=[1, -2])), "must have rank"),
+    (lambda d: _header_edit(lambda h: h["weights"][0].update(offset=0)), "outside the data section"),
+    (lambda d: _header_edit(_second_weight), "overlap"),
+    (lambda d: _header_edit(lambda h: h["weights"].append(h["weights"][0])), "appears twice"),
+    (lambda d: _header_edit(lambda h: h["weights"].clear()), "no data and no weight-table entry"),
+    (lambda d: _header_edit(lambda h: h["graph"]["nodes"][0].update(op="Nope")), "embedded graph is invalid"),
+    (lambda d: _header_edit(lambda h: h["weights"][0].update(name=7)), "field 'name' is 7"),
+]
+
+
+@pytest.mark.parametrize("mutate,match", BAD)
+def test_reader_rejects(tmp_path, mutate, match):
+    data = mutate(tiny().to_bytes())
+    p = tmp_path / "bad.rlx"
+    p.write_bytes(data)
+    with pytest.raises(FormatError, match=match):
+        read_rlx(p)
+    with pytest.raises(FormatError, match=match):
+        read_rlx_bytes(data)
+
+
+def test_reader_path_errors(tmp_path):
+    with pytest.raises(FormatError, match="no such file"):
+        read_rlx(tmp_path / "nope.rlx")
+    with pytest.raises(FormatError, match="is a directory"):
+        read_rlx(tmp_path)
+    (tmp_path / "empty.rlx").write_bytes(b"")
+    with pytest.raises(RlxError, match="not an rlx file"):
+        read_rlx(tmp_path / "empty.rlx")
+
+
+def test_encrypted_file_to_plaintext_reader(tmp_path):
+    from rlx_format import write_rlx_encrypted
+    from rlx_format.sealed import KDF_PROFILES
+    p = tmp_path / "s.rlx"
+    write_rlx_encrypted(p, tiny(), "pw", KDF_PROFILES["fast"])
+    with pytest.raises(RlxError, match="encrypted.*password"):
+        read_rlx(p)
+    with pytest.raises(RlxError, match="encrypted"):
+        read_rlx_bytes(p.read_bytes())
+
+
+@pytest.mark.slow
+def test_offsets_past_4_gib(tmp_path):
+    """2.5+ GiB artifact: offsets beyond 2^31 and 2^32 are 64-bit and read back correctly."""
+    n = (900 << 20) // 4
+    g = GraphBuilder("big")
+    g.input("x", "f32", [1])
+    g.output("x")
+    rf = RlxFile.from_graph(g.build())
+    for i in range(5):
+        a = np.zeros(n, np.float32)
+        a[0], a[-1] = i + 1, -(i + 1)
+        rf.weights[f"w{i}"] = Weight.plain(f"w{i}", a, "f32")
+    p = tmp_path / "big.rlx"
+    write_rlx(p, rf)
+    back = read_rlx(p)
+    offs = []
+    for i in range(5):
+        w = back.weights[f"w{i}"].array()
+        assert w[0] == i + 1 and w[-1] == -(i + 1)
+        offs.append(w.__array_interface__["data"][0])
+    assert p.stat().st_size > (4 << 30)
+    back.close()
