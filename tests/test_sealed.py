@@ -193,7 +193,7 @@ from rlx_format import *
 from rlx_format.sealed import KDF_PROFILES
 g = GraphBuilder('b'); g.input('x', 'f32', [1]); g.output('x')
 rf = RlxFile.from_graph(g.build())
-rf.weights['w'] = Weight.plain('w', np.lib.stride_tricks.as_strided(np.zeros(1, np.float32), ({n},), (0,)).copy(), 'f32')
+rf.weights['w'] = Weight.plain('w', np.zeros({n}, np.float32), 'f32')
 write_rlx({str(plain)!r}, rf)
 del rf
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
