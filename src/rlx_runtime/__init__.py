@@ -5,3 +5,8 @@ from .options import CompileOptions
 from .session import CompiledGraph, Session
 
 __all__ = ["Session", "Device", "CompileOptions", "CompiledGraph"]
+
+from .hoist import HoistedGraph, HoistSplit, split_param_invariant  # noqa: E402
+from .passes import specialize_params  # noqa: E402
+
+__all__ += ["split_param_invariant", "specialize_params", "HoistSplit", "HoistedGraph"]

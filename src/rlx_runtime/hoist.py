@@ -1,0 +1,205 @@
+"""cache_param_invariant: run the weight-only part of a graph once, not every forward.
+
+split_param_invariant divides a graph into `prepare` (everything computable from params and
+constants alone) and `main` (the rest, with each boundary tensor turned into an input).
+HoistedGraph runs prepare lazily, binds its outputs into main by reference, and recomputes a
+boundary only when a param it depends on changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rlx_format.errors import RlxError
+from rlx_format.graph import Graph, Node, Value
+from rlx_format.ops import RANDOM_OPS
+
+from .device import Device
+from .options import CompileOptions
+from .plan import Plan
+
+BOUNDARY_PREFIX = "__hoisted__/"
+
+
+@dataclass
+class HoistSplit:
+    prepare: Graph
+    main: Graph | None          # None when every output is weight-only
+    boundary: list[str]         # names in the original graph
+    boundary_inputs: dict[str, str]  # boundary name -> main input name
+    prepare_params: list[str]
+    main_params: list[str]
+    deps: dict[str, list[str]]  # boundary -> params it depends on
+    outputs: list[str]          # the original graph's outputs, in order
+
+
+def split_param_invariant(graph: Graph) -> HoistSplit | None:
+    inputs = set(graph.input_names)
+    dynamic = set(inputs)
+    for n in graph.nodes:  # topological order: one forward sweep (linear time)
+        if n.op in RANDOM_OPS or any(i in dynamic for i in n.inputs):
+            dynamic.add(n.name)
+    static_nodes = {n.name for n in graph.nodes if n.name not in dynamic}
+    boundary = []
+    for n in graph.nodes:
+        if n.name in dynamic:
+            boundary.extend(i for i in n.inputs if i in static_nodes and i not in boundary)
+    boundary.extend(o for o in graph.outputs if o in static_nodes and o not in boundary)
+    if not boundary:
+        return None
+    nodes = graph.node_map()
+    # prepare: backward closure of the boundary through static nodes
+    need, stack = set(), list(boundary)
+    while stack:
+        v = stack.pop()
+        if v in need:
+            continue
+        need.add(v)
+        if v in nodes:
+            stack.extend(nodes[v].inputs)
+    prep_nodes = [_clone(n) for n in graph.nodes if n.name in need]
+    prep_params = [p for p in graph.params if p.name in need]
+    prepare = Graph(f"{graph.name}.prepare", [], [_vcopy(p) for p in prep_params],
+                    [_vcopy(c) for k, c in graph.constants.items() if k in need], prep_nodes, list(boundary))
+    # per-boundary param dependencies
+    deps: dict[str, list[str]] = {}
+    for b in boundary:
+        seen, stack = set(), [b]
+        while stack:
+            v = stack.pop()
+            if v not in seen:
+                seen.add(v)
+                stack.extend(nodes[v].inputs if v in nodes else ())
+        deps[b] = [p.name for p in graph.params if p.name in seen]
+    # main: dynamic nodes, boundary names replaced by fresh inputs
+    taken = {v.name for v in graph.inputs + graph.params} | set(graph.constants) | set(nodes)
+    bmap = {}
+    for b in boundary:
+        name = BOUNDARY_PREFIX + b
+        while name in taken:
+            name += "_"
+        bmap[b] = name
+    main_nodes = [Node(n.name, n.op, [bmap.get(i, i) for i in n.inputs], dict(n.attrs))
+                  for n in graph.nodes if n.name in dynamic]
+    main_outputs = [o for o in graph.outputs if o not in static_nodes]
+    used = {i for n in main_nodes for i in n.inputs} | set(main_outputs)
+    main_params = [p for p in graph.params if p.name in used]
+    main = None
+    if main_outputs:
+        b_inputs = [Value(bmap[b], graph.types[b].dtype, graph.types[b].shape) for b in boundary
+                    if bmap[b] in used]
+        main = Graph(f"{graph.name}.main", [_vcopy(v) for v in graph.inputs] + b_inputs,
+                     [_vcopy(p) for p in main_params],
+                     [_vcopy(c) for k, c in graph.constants.items() if k in used], main_nodes, main_outputs)
+    return HoistSplit(prepare, main, boundary, bmap, [p.name for p in prep_params],
+                      [p.name for p in main_params], deps, list(graph.outputs))
+
+
+def _clone(n: Node) -> Node:
+    return Node(n.name, n.op, list(n.inputs), dict(n.attrs))
+
+
+def _vcopy(v: Value) -> Value:
+    return Value(v.name, v.dtype, tuple(v.shape), v.value)
+
+
+class HoistedGraph:
+    """Same public API as CompiledGraph; prepare runs once per invalidation, main every forward."""
+
+    def __init__(self, split: HoistSplit, xp, device: Device, options: CompileOptions, report=None):
+        from .session import CompiledGraph
+
+        self.split = split
+        self.device = device
+        self.options = options
+        self.pass_report = report
+        self._profile: dict | None = {} if options.profile else None
+        # one small plan per boundary tensor, so invalidation is per boundary
+        self._prep: dict[str, Plan] = {}
+        for b in split.boundary:
+            sub = _restrict(split.prepare, b)
+            self._prep[b] = Plan(sub, xp)
+        self._cache: dict[str, object] = {}
+        plain = CompileOptions(optimize=False, cache_param_invariant=False, profile=options.profile)
+        self._main = CompiledGraph(split.main, xp, device, plain) if split.main is not None else None
+
+    # ------------------------------------------------------------------ API
+    @property
+    def param_names(self) -> list[str]:
+        return sorted(set(self.split.prepare_params) | set(self.split.main_params))
+
+    def plan_ops(self) -> list[str]:
+        """Ops of the per-forward plan (main half only: prepare is not per forward)."""
+        return self._main.plan_ops() if self._main is not None else []
+
+    def prepare_ops(self) -> list[str]:
+        return [s.op for p in self._prep.values() for s in p.steps]
+
+    def set_param(self, name: str, array) -> None:
+        owners = [b for b, deps in self.split.deps.items() if name in deps]
+        if not owners and name not in self.split.main_params:
+            raise RlxError(f"set_param: unknown param {name!r}; expected one of {self.param_names or 'none'}")
+        for b in owners:
+            plan = self._prep[b]
+            plan.base[plan.param_slot[name]] = plan.check_param(name, array)
+            self._cache.pop(b, None)  # invalidate only what depends on this param
+        if name in self.split.main_params:
+            self._main.set_param(name, array)
+
+    def run(self, feeds: dict) -> dict:
+        if not isinstance(feeds, dict):
+            raise RlxError(f"run() takes a dict of input name -> array; got {type(feeds).__name__}")
+        for b in self.split.boundary:
+            if b not in self._cache:
+                plan = self._prep[b]
+                vals = plan.execute(plan.bind_inputs({}), self._profile)
+                self._cache[b] = vals[plan.output_slots[0][1]]
+        out = {}
+        if self._main is not None:
+            allowed = set(self.split.main.input_names) - set(self.split.boundary_inputs.values())
+            unknown = sorted(set(feeds) - allowed)
+            if unknown:
+                raise RlxError(f"run(): unknown input(s) {unknown}; expected {sorted(allowed)}")
+            merged = dict(feeds)
+            for b, name in self.split.boundary_inputs.items():
+                if name in self._main._plan.slot:
+                    merged[name] = self._cache[b]  # by reference: no copy per forward
+            out = self._main.run(merged)
+        elif feeds:
+            raise RlxError(f"run(): unknown input(s) {sorted(feeds)}; this graph takes no inputs")
+        return {o: out[o] if o in out else self._cache[o].copy() for o in self.split.outputs}
+
+    # ------------------------------------------------------------------ profiling
+    def enable_profiling(self, on: bool = True) -> None:
+        self._profile = {} if on else None
+        if self._main is not None:
+            self._main.enable_profiling(on)
+
+    def profile(self) -> dict[str, tuple[int, float]]:
+        merged: dict[str, list] = {k: list(v) for k, v in (self._profile or {}).items()}
+        if self._main is not None:
+            for k, (c, t) in self._main.profile().items():
+                rec = merged.setdefault(k, [0, 0.0])
+                rec[0] += c
+                rec[1] += t
+        return {k: (v[0], v[1]) for k, v in merged.items()}
+
+    def reset_profile(self) -> None:
+        if self._profile is not None:
+            self._profile.clear()
+        if self._main is not None:
+            self._main.reset_profile()
+
+
+def _restrict(prepare: Graph, output: str) -> Graph:
+    """The part of `prepare` that computes one boundary tensor."""
+    nodes = prepare.node_map()
+    need, stack = set(), [output]
+    while stack:
+        v = stack.pop()
+        if v not in need:
+            need.add(v)
+            stack.extend(nodes[v].inputs if v in nodes else ())
+    return Graph(f"{prepare.name}[{output}]", [], [_vcopy(p) for p in prepare.params if p.name in need],
+                 [_vcopy(c) for k, c in prepare.constants.items() if k in need],
+                 [_clone(n) for n in prepare.nodes if n.name in need], [output])

@@ -1,0 +1,31 @@
+"""Constant dedupe: identical dtype, shape and bytes -> one constant."""
+
+from __future__ import annotations
+
+import numpy as np
+import xxhash
+
+from rlx_format.graph import Graph
+
+from .rewrite import replace_uses
+
+
+def dedupe_constants(graph: Graph, report=None) -> Graph:
+    seen: dict[tuple, list[str]] = {}
+    outputs = set(graph.outputs)
+    removed = 0
+    for name, c in list(graph.constants.items()):
+        if c.value is None or name in outputs:
+            continue
+        data = np.ascontiguousarray(c.value)
+        key = (c.dtype, tuple(c.shape), xxhash.xxh3_64_hexdigest(memoryview(data).cast("B") if data.size else b""))
+        twin = next((o for o in seen.get(key, []) if np.array_equal(graph.constants[o].value, c.value)), None)
+        if twin is None:
+            seen.setdefault(key, []).append(name)
+            continue
+        replace_uses(graph, name, twin)
+        del graph.constants[name]
+        removed += 1
+    if report is not None:
+        report.deduped += removed
+    return graph.validate()

@@ -1,0 +1,42 @@
+"""The declared compile pipeline: specialize -> simplify -> fold -> DCE -> dedupe."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rlx_format.graph import Graph
+
+from .dce import dead_code_elimination
+from .dedupe import dedupe_constants
+from .fold import constant_fold
+from .report import PassReport
+from .simplify import simplify
+from .specialize import specialize_params
+
+Pass = Callable[[Graph, PassReport], Graph]
+
+
+def run_passes(graph: Graph, passes: list[tuple[str, Pass]], report: PassReport) -> Graph:
+    """Run passes in order on a copy; each pass re-validates the graph (types re-inferred)."""
+    g = graph.copy()
+    for name, p in passes:
+        g = p(g, report)
+        report.passes.append((name, len(g.nodes)))
+    return g
+
+
+def compile_pipeline(graph: Graph, options) -> tuple[Graph, PassReport]:
+    report = PassReport(nodes_before=len(graph.nodes))
+    if options.param_bindings:
+        graph = specialize_params(graph, options.param_bindings, report)
+        report.passes.append(("specialize", len(graph.nodes)))
+    passes: list[tuple[str, Pass]] = [
+        ("simplify", simplify),
+        ("fold", lambda g, r: constant_fold(g, r, options.fold_growth_limit, options.fold_min_bytes)),
+        ("simplify", simplify),
+        ("dce", dead_code_elimination),
+        ("dedupe", dedupe_constants),
+    ]
+    g = run_passes(graph, passes, report)
+    report.nodes_after = len(g.nodes)
+    return g, report

@@ -1,0 +1,25 @@
+"""What the passes did (nodes before/after, folds refused and why)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class PassReport:
+    nodes_before: int = 0
+    nodes_after: int = 0
+    specialized: list[str] = field(default_factory=list)
+    folded: int = 0
+    fold_refused: list[dict] = field(default_factory=list)  # {"node", "op", "reason"}
+    simplified: int = 0
+    dce_removed: int = 0
+    deduped: int = 0
+    passes: list[tuple[str, int]] = field(default_factory=list)  # (pass, nodes after it)
+
+    def to_dict(self) -> dict:
+        return {"nodes_before": self.nodes_before, "nodes_after": self.nodes_after,
+                "specialized": list(self.specialized), "folded": self.folded,
+                "fold_refused": list(self.fold_refused), "simplified": self.simplified,
+                "dce_removed": self.dce_removed, "deduped": self.deduped,
+                "passes": [list(p) for p in self.passes]}
