@@ -62,4 +62,4 @@ def f32_to_bf16(x: np.ndarray) -> np.ndarray:
     u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
     rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
     nan = np.isnan(x)
-    return np.where(nan, (u >> 16) | 0x40, rounded).astype(np.uint16)
+    return np.where(nan, (u >> 16) | 0x40, rounded).astype(np.uint16).reshape(np.shape(x))

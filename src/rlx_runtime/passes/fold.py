@@ -61,7 +61,7 @@ def constant_fold(graph: Graph, report=None, growth_limit: float = 16, min_bytes
             raise RlxError(f"constant folding node {n.name!r} ({n.op}) failed: {type(e).__name__}: {e}") from e
         t = graph.types[n.name]
         val = np.asarray(val)
-        val = f32_to_bf16(val) if t.dtype == "bf16" else np.ascontiguousarray(val, dtype=NUMPY_DTYPES[t.dtype])
+        val = f32_to_bf16(val) if t.dtype == "bf16" else np.require(val, dtype=NUMPY_DTYPES[t.dtype], requirements="C")
         consts[n.name] = Value(n.name, t.dtype, tuple(val.shape), val)
         if report is not None:
             report.folded += 1

@@ -1,0 +1,345 @@
+"""The rlx-bake command line: a thin shell over the library. Only this module prints and exits."""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+
+import click
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from rlx_format import (RlxError, is_encrypted, read_rlx, write_rlx, write_rlx_encrypted)
+from rlx_format.container import atomic_write
+from rlx_format.sealed import KDF_PROFILES, decrypt_file, encrypt_file, read_seal_header
+
+from .loader import load_graph
+from .options import DEFAULT_PROFILE, PROFILES, BakeOptions
+from .passwords import password_options, resolve_password
+from .pipeline import bake as bake_fn
+
+SUBCOMMANDS = ("bake", "inspect", "encrypt", "decrypt", "verify", "run")
+
+
+class DefaultGroup(click.Group):
+    """`rlx-bake INPUT -o OUT` means `rlx-bake bake INPUT -o OUT`."""
+
+    def parse_args(self, ctx, args):
+        # group options (-q, --debug, --help, --version) take no values: the first other word decides
+        first = next((i for i, a in enumerate(args) if not a.startswith("-")), None)
+        if first is not None and args[first] not in self.commands:
+            args = [*args[:first], "bake", *args[first:]]
+        elif first is None and any(a not in ("-q", "--quiet", "--debug", "-h", "--help", "--version") for a in args):
+            args = ["bake", *args]
+        return super().parse_args(ctx, args)
+
+
+class State:
+    def __init__(self, quiet: bool, debug: bool):
+        self.quiet, self.debug = quiet, debug
+        self.err = Console(stderr=True, quiet=quiet, highlight=False)
+        self.out = Console(highlight=False, soft_wrap=True)
+
+
+@contextmanager
+def handled(state: State):
+    """Library errors -> one paragraph on stderr and exit 1; --debug shows the traceback."""
+    try:
+        yield
+    except RlxError as e:
+        if state.debug:
+            traceback.print_exc()
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    except OSError as e:
+        if state.debug:
+            traceback.print_exc()
+        click.echo(f"error: {e.filename or ''}: {e.strerror or e}", err=True)
+        sys.exit(1)
+
+
+@contextmanager
+def progress(state: State, what: str):
+    """A spinner with the current step on a terminal; silent otherwise."""
+    if state.quiet or not state.err.is_terminal:
+        yield lambda _msg: None
+        return
+    with state.err.status(what) as status:
+        yield lambda msg: status.update(f"{what}: {msg}")
+
+
+@click.group(cls=DefaultGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option("0.1.0", prog_name="rlx-bake")
+@click.option("-q", "--quiet", is_flag=True, help="No progress or tables on stderr.")
+@click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
+@click.pass_context
+def main(ctx, quiet, debug):
+    """Bake a model (graph + weights) into one .rlx file, and inspect, seal, verify or run .rlx files.
+
+    \b
+    rlx-bake MODEL -o model.rlx                 bake (MODEL: graph.json, bundle dir or .onnx)
+    rlx-bake inspect model.rlx                  graph, I/O, weight table, meta
+    rlx-bake run model.rlx --input x=x.npy      run on CPU
+    """
+    ctx.obj = State(quiet, debug)
+
+
+def _flag(name: str, help_: str):
+    return click.option(f"--{name}/--no-{name}", default=None, help=help_)
+
+
+@main.command("bake")
+@click.argument("input_path", metavar="INPUT", type=click.Path(path_type=Path))
+@click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help="Output .rlx file.")
+@click.option("--weights", type=click.Path(path_type=Path), help="safetensors file (default: the bundle's).")
+@click.option("--opt", "profile", type=click.Choice(list(PROFILES)), default=DEFAULT_PROFILE, show_default=True,
+              help="merge: package only; fold: + constant folding; exact: + lossless packing; size: + Q8_0.")
+@_flag("fold", "Constant-fold weight-only subgraphs.")
+@_flag("simplify", "Algebraic simplification.")
+@_flag("dce", "Dead-code elimination and constant dedupe.")
+@_flag("skip", "Replace MatMuls with all-zero weights by zeros.")
+@_flag("ternary", "Pack exactly ternary MatMul weights as TQ2_0.")
+@_flag("quant", "Quantize remaining MatMul weights to Q8_0 (lossy).")
+@click.option("--strict", is_flag=True, help="Error if a param has no weight.")
+@password_options
+@click.option("--kdf", type=click.Choice(list(KDF_PROFILES)), default="default", show_default=True,
+              help="Argon2id strength when sealing (default = RFC 9106 64 MiB, t=3, p=4).")
+@click.option("--report-json", type=click.Path(path_type=Path), help="Also write the bake report as JSON.")
+@click.pass_obj
+def bake_cmd(state, input_path, output, weights, profile, fold, simplify, dce, skip, ternary, quant, strict,
+             password_env, password_stdin, password_value, kdf, report_json):
+    """Bake INPUT into OUTPUT (.rlx), optionally sealed with a password."""
+    with handled(state):
+        password = resolve_password(password_env, password_stdin, password_value, confirm=True)  # before the bake
+        opts = BakeOptions.from_profile(profile, fold=fold, simplify=simplify, dce=dce, skip=skip, ternary=ternary,
+                                        quant=quant, strict=strict)
+        with progress(state, "baking") as step:
+            step("loading")
+            graph, ws = load_graph(input_path, weights)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                rf, report = bake_fn(graph, ws, opts, step)
+            for w in caught:
+                click.echo(f"warning: {w.message}", err=True)
+            step("writing")
+            if password is not None:
+                write_rlx_encrypted(output, rf, password, KDF_PROFILES[kdf])
+            else:
+                write_rlx(output, rf)
+            if report_json is not None:
+                text = json.dumps(report.to_dict(), indent=1) + "\n"
+                atomic_write(report_json, lambda f: f.write(text.encode()))
+        _print_report(state, report, output, password is not None)
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _print_report(state: State, report, output: Path, sealed: bool) -> None:
+    t = Table(title=f"{output} ({report.profile}{', sealed' if sealed else ''})", title_justify="left")
+    for col in ("weight", "encoding", "shape", "before", "after", "max abs err", "cosine", "note"):
+        t.add_column(col)
+    for w in report.weights:
+        t.add_row(w.name, w.encoding, "x".join(map(str, w.shape)), _fmt_bytes(w.bytes_before),
+                  _fmt_bytes(w.bytes_after), "" if w.max_abs_err is None else f"{w.max_abs_err:.3g}",
+                  "" if w.cosine is None else f"{w.cosine:.6f}", w.note)
+    state.err.print(t)
+    state.err.print(f"nodes {report.nodes_before} -> {report.nodes_after}; weights "
+                    f"{_fmt_bytes(report.total_bytes_before)} -> {_fmt_bytes(report.total_bytes)}; "
+                    f"skipped {len(report.skipped)}, ternary {len(report.ternary)}, q8_0 {len(report.quant)}")
+    if report.params_unbound:
+        state.err.print(f"params left unbound (set them at run time): {report.params_unbound}")
+    for note in report.notes:
+        state.err.print(f"note: {note}")
+    for r in report.folds_refused:
+        state.err.print(f"fold refused: {r['node']} ({r['op']}): {r['reason']}")
+    click.echo(f"wrote {output}")
+
+
+def _open(path: Path, env, stdin, value):
+    password = resolve_password(env, stdin, value, confirm=False) if is_encrypted(path) else None
+    return read_rlx(path, password=password)
+
+
+@main.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@password_options
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_obj
+def inspect(state, path, password_env, password_stdin, password_value, as_json):
+    """Show the graph, I/O, weight table and meta (sealed files: the header, or all with a password)."""
+    with handled(state):
+        if is_encrypted(path) and password_env is None and not password_stdin and password_value is None:
+            h = read_seal_header(path)
+            info = {"file": str(path), "encrypted": True, "format": "RLXENC01", "kdf": "argon2id",
+                    "memory_kib": h.kdf.memory_kib, "iterations": h.kdf.iterations, "lanes": h.kdf.lanes,
+                    "chunk_size": h.chunk_size, "plaintext_bytes": h.length, "chunks": h.n_chunks}
+            if as_json:
+                click.echo(json.dumps(info, indent=1))
+            else:
+                for k, v in info.items():
+                    click.echo(f"{k}: {v}")
+                click.echo("(pass --password-env VAR or --password-stdin to see the contents)")
+            return
+        rf = _open(path, password_env, password_stdin, password_value)
+        g = rf.graph
+        info = {"file": str(path), "schema_version": rf.version, "graph": g.name, "nodes": len(g.nodes),
+                "ops": _op_counts(g), "inputs": [{"name": v.name, "dtype": v.dtype, "shape": list(v.shape)}
+                                                 for v in g.inputs],
+                "outputs": [{"name": o, **g.types[o].to_json()} for o in g.outputs],
+                "params": [{"name": v.name, "dtype": v.dtype, "shape": list(v.shape)} for v in g.params],
+                "weights": [{"name": w.name, "encoding": w.encoding, "shape": list(w.shape), "nbytes": w.nbytes,
+                             "digest": w.digest, "note": w.note} for w in rf.weights.values()],
+                "meta": {k: v for k, v in rf.meta.items() if k != "bake"}}
+        if as_json:
+            click.echo(json.dumps(info, indent=1, default=str))
+            return
+        out = state.out
+        out.print(f"[bold]{path}[/bold]  RLXBAKE1 v{rf.version}  graph {g.name!r}: {len(g.nodes)} nodes")
+        out.print("ops: " + ", ".join(f"{k} x{v}" for k, v in info["ops"].items()))
+        for kind in ("inputs", "outputs", "params"):
+            for v in info[kind]:
+                out.print(f"{kind[:-1]:>6} {v['name']}: {v['dtype']}{v['shape']}")
+        t = Table("weight", "encoding", "shape", "bytes", "digest", "note")
+        for w in info["weights"]:
+            t.add_row(w["name"], w["encoding"], "x".join(map(str, w["shape"])), str(w["nbytes"]), w["digest"] or "",
+                      w["note"])
+        out.print(t)
+        out.print(f"meta: tool={rf.meta.get('tool')}")
+
+
+def _op_counts(g) -> dict:
+    counts: dict[str, int] = {}
+    for n in g.nodes:
+        counts[n.op] = counts.get(n.op, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+@main.command()
+@click.argument("src", type=click.Path(path_type=Path))
+@click.option("-o", "--output", required=True, type=click.Path(path_type=Path))
+@password_options
+@click.option("--kdf", type=click.Choice(list(KDF_PROFILES)), default="default", show_default=True)
+@click.pass_obj
+def encrypt(state, src, output, password_env, password_stdin, password_value, kdf):
+    """Seal a plaintext .rlx file (streamed; any size)."""
+    with handled(state):
+        pw = resolve_password(password_env, password_stdin, password_value, confirm=True)
+        if pw is None:
+            raise click.UsageError("encrypt needs a password: --password-env VAR, --password-stdin or --password")
+        if is_encrypted(src):
+            raise RlxError(f"{src}: already encrypted")
+        encrypt_file(src, output, pw, KDF_PROFILES[kdf])
+        click.echo(f"wrote {output}")
+
+
+@main.command()
+@click.argument("src", type=click.Path(path_type=Path))
+@click.option("-o", "--output", required=True, type=click.Path(path_type=Path))
+@password_options
+@click.pass_obj
+def decrypt(state, src, output, password_env, password_stdin, password_value):
+    """Unseal to a plaintext .rlx file (writes plaintext to disk)."""
+    with handled(state):
+        if not is_encrypted(src):
+            raise RlxError(f"{src}: not an encrypted rlx file (or missing)")
+        pw = resolve_password(password_env, password_stdin, password_value, confirm=False)
+        if pw is None:
+            raise click.UsageError("decrypt needs a password: --password-env VAR, --password-stdin or --password")
+        decrypt_file(src, output, pw)
+        click.echo(f"wrote {output}")
+
+
+def _random_feeds(graph, seed: int, sym: int = 2) -> dict:
+    r = np.random.default_rng(seed)
+    feeds = {}
+    for v in graph.inputs:
+        shape = [d if isinstance(d, int) else sym for d in v.shape]
+        if v.dtype in ("f32", "f16", "f64", "bf16"):
+            a = r.standard_normal(shape).astype(np.float32 if v.dtype == "bf16" else v.dtype.replace("f", "float"))
+        elif v.dtype == "bool":
+            a = r.random(shape) < 0.5
+        else:
+            a = r.integers(0, 2, shape).astype({"i64": np.int64, "i32": np.int32, "i16": np.int16, "i8": np.int8,
+                                                "u8": np.uint8}[v.dtype])
+        feeds[v.name] = a
+    return feeds
+
+
+@main.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--against", type=click.Path(path_type=Path), help="Source graph.json / bundle to compare outputs with.")
+@click.option("--weights", type=click.Path(path_type=Path), help="Weights for --against.")
+@click.option("--seed", default=0, show_default=True)
+@password_options
+@click.pass_obj
+def verify(state, path, against, weights, seed, password_env, password_stdin, password_value):
+    """Check every digest; with --against, run both on seeded random inputs and compare outputs."""
+    from rlx_runtime import Session
+    with handled(state):
+        rf = _open(path, password_env, password_stdin, password_value)
+        rf.verify()
+        click.echo(f"{path}: {len(rf.weights)} weight digests OK")
+        if against is None:
+            return
+        graph, ws = load_graph(against, weights)
+        ref = Session().compile(graph)
+        for name in graph.param_names:
+            if name in ws:
+                ref.set_param(name, ws[name])
+        baked = Session().compile(rf)
+        feeds = _random_feeds(graph, seed)
+        a, b = ref.run(feeds), baked.run(feeds)
+        for name in graph.outputs:
+            x, y = np.asarray(a[name], np.float64).ravel(), np.asarray(b[name], np.float64).ravel()
+            diff = float(np.max(np.abs(x - y))) if x.size else 0.0
+            den = np.linalg.norm(x) * np.linalg.norm(y)
+            cos = float(x @ y / den) if den else 1.0
+            click.echo(f"output {name}: max abs diff {diff:.3g}, cosine {cos:.8f}")
+
+
+@main.command()
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--input", "inputs", multiple=True, metavar="NAME=FILE.npy", help="An input array (repeatable).")
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Write outputs to an .npz file.")
+@password_options
+@click.pass_obj
+def run(state, path, inputs, output, password_env, password_stdin, password_value):
+    """Run an .rlx file on CPU with inputs from .npy files."""
+    from rlx_runtime import Session
+    with handled(state):
+        feeds = {}
+        for spec in inputs:
+            if "=" not in spec:
+                raise click.BadParameter(f"{spec!r}; expected NAME=FILE.npy", param_hint="--input")
+            name, file = spec.split("=", 1)
+            try:
+                feeds[name] = np.load(file, allow_pickle=False)
+            except FileNotFoundError:
+                raise RlxError(f"--input {name}: {file}: no such file") from None
+            except ValueError as e:
+                raise RlxError(f"--input {name}: {file}: not a .npy array ({e})") from None
+        rf = _open(path, password_env, password_stdin, password_value)
+        out = Session().compile(rf).run(feeds)
+        for name, arr in out.items():
+            click.echo(f"{name}: {arr.dtype}{list(arr.shape)} min {arr.min():.6g} max {arr.max():.6g}"
+                       if arr.size and arr.dtype.kind in "fiu" else f"{name}: {arr.dtype}{list(arr.shape)}")
+        if output is not None:
+            def write(f):
+                np.savez(f, **out)
+            atomic_write(output, write)
+            click.echo(f"wrote {output}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

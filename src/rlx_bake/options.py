@@ -1,0 +1,42 @@
+"""BakeOptions and profiles."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+from rlx_format.errors import RlxError
+
+PROFILES = {
+    # package only: weights become constants and are stored; no graph rewrites
+    "merge": dict(fold=False, simplify=False, dce=False, skip=False, ternary=False, quant=False),
+    "fold": dict(fold=True, simplify=True, dce=True, skip=False, ternary=False, quant=False),
+    "exact": dict(fold=True, simplify=True, dce=True, skip=True, ternary=True, quant=False),   # lossless
+    "size": dict(fold=True, simplify=True, dce=True, skip=True, ternary=True, quant=True),     # exact + Q8_0
+}
+DEFAULT_PROFILE = "exact"
+
+
+@dataclass
+class BakeOptions:
+    profile: str = DEFAULT_PROFILE
+    fold: bool = True
+    simplify: bool = True
+    dce: bool = True
+    skip: bool = True
+    ternary: bool = True
+    quant: bool = False
+    strict: bool = False
+    fold_growth_limit: float = 16
+    fold_min_bytes: int = 1 << 20
+
+    @classmethod
+    def from_profile(cls, name: str = DEFAULT_PROFILE, **overrides) -> BakeOptions:
+        """Profile defaults, then fine flags (None = keep the profile's choice) on top, whatever their order."""
+        if name not in PROFILES:
+            raise RlxError(f"unknown profile {name!r}; expected one of {', '.join(PROFILES)}")
+        known = {f.name for f in fields(cls)}
+        bad = sorted(set(overrides) - known)
+        if bad:
+            raise RlxError(f"unknown bake option(s) {bad}")
+        opts = cls(profile=name, **PROFILES[name])
+        return replace(opts, **{k: v for k, v in overrides.items() if v is not None})

@@ -1,0 +1,123 @@
+"""bake(): specialize -> fold -> skip-zero -> ternary -> Q8_0 -> simplify -> DCE -> dedupe -> weight table."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import numpy as np
+
+from rlx_format.container import TOOL_VERSION, RlxFile, Weight
+from rlx_format.dtypes import NUMPY_DTYPES
+from rlx_format.errors import RlxError
+from rlx_format.graph import Graph
+from rlx_runtime.passes import PassReport, constant_fold, dead_code_elimination, dedupe_constants, simplify
+from rlx_runtime.passes import specialize_params as specialize
+
+from .options import BakeOptions
+from .passes import pack_ternary_weights, quantize_matmul_weights, skip_zero_matmuls
+from .report import BakeReport, WeightReport
+
+Progress = Callable[[str], None]
+
+
+def _check_weights(graph: Graph, weights: dict, report: BakeReport, strict: bool) -> dict:
+    params = {p.name: p for p in graph.params}
+    dtypes = getattr(weights, "dtypes", {})
+    extra = sorted(set(weights) - set(params))
+    if weights and len(extra) == len(weights):
+        raise RlxError(f"none of the {len(weights)} weights matches a param of the graph (e.g. {extra[:3]}); "
+                       f"the graph's params are {sorted(params)[:10]} — is this the right weights file?")
+    if extra:
+        report.extra_weights = extra
+        warnings.warn(f"weights not used by any param (ignored): {extra}", stacklevel=3)
+    bindings = {}
+    for name, arr in weights.items():
+        if name not in params:
+            continue
+        p = params[name]
+        got_dt = dtypes.get(name) or _ir_dtype(arr)
+        if got_dt != p.dtype:
+            raise RlxError(f"weight {name!r}: dtype {got_dt}; the graph declares param {name!r} as {p.dtype} "
+                           "(convert the weights file or fix the graph; rlx never casts silently)")
+        if tuple(arr.shape) != tuple(p.shape):
+            raise RlxError(f"weight {name!r}: shape {list(arr.shape)}; the graph declares {list(p.shape)}")
+        bindings[name] = arr
+    unbound = [p for p in params if p not in bindings]
+    if unbound and strict:
+        raise RlxError(f"--strict: param(s) {unbound} have no weight; supply them or drop --strict to keep them "
+                       "as run-time params")
+    report.params_baked = [p for p in params if p in bindings]
+    report.params_unbound = unbound
+    return bindings
+
+
+def _ir_dtype(arr) -> str:
+    from rlx_format.dtypes import dtype_of_array
+    return dtype_of_array(np.asarray(arr))
+
+
+def bake(graph: Graph, weights: dict | None = None, options: BakeOptions | None = None,
+         progress: Progress | None = None) -> tuple[RlxFile, BakeReport]:
+    """Turn a graph and its weights into an RlxFile ready to write, plus a report."""
+    options = options or BakeOptions.from_profile()
+    weights = weights if weights is not None else {}
+    step = progress or (lambda _msg: None)
+    report = BakeReport(profile=options.profile, nodes_before=len(graph.nodes))
+    bindings = _check_weights(graph, weights, report, options.strict)
+    dense_bytes = {name: int(np.asarray(a).nbytes) for name, a in bindings.items()}
+    step("specialize")
+    g = specialize(graph, bindings) if bindings else graph.copy()
+    preport = PassReport()
+    if options.fold:
+        step("fold")
+        g = constant_fold(g, preport, options.fold_growth_limit, options.fold_min_bytes)
+        report.folds_refused = preport.fold_refused
+    if options.skip:
+        step("skip-zero")
+        g = skip_zero_matmuls(g, report)
+    if options.ternary:
+        step("ternary")
+        g = pack_ternary_weights(g, report)
+    errors: dict = {}
+    if options.quant:
+        step("q8_0")
+        g = quantize_matmul_weights(g, report, errors)
+    if options.simplify:
+        step("simplify")
+        g = simplify(g, preport)
+    if options.dce:
+        step("dce")
+        g = dead_code_elimination(g, preport)
+        g = dedupe_constants(g, preport)
+    report.nodes_after = len(g.nodes)
+    step("weight table")
+    rf = RlxFile(g, {}, {})
+    sources = {n.inputs[1]: (n.attrs["encoding"], n.attrs["N"], n.attrs["K"]) for n in g.nodes
+               if n.op == "DequantMatMul" and n.inputs[1] in g.constants}
+    origin = {name + suffix: name for name in bindings for suffix in (".tq2_0", ".q8_0")}
+    for name in sorted(g.constants):
+        c = g.constants[name]
+        if name in sources:
+            enc, n_out, k = sources[name]
+            src = origin.get(name, name)
+            w = Weight(name, enc, (n_out, k), c.value, "f32", None, f"packed from {src!r} (transposed to N x K)")
+            err = errors.get(src)
+            report.weights.append(WeightReport(name, enc, [n_out, k], n_out * k * 4, int(c.value.nbytes),
+                                               err[0] if err else 0.0, err[1] if err else 1.0,
+                                               "lossy Q8_0" if err else "lossless TQ2_0"))
+        else:
+            arr = np.require(c.value, dtype=NUMPY_DTYPES[c.dtype], requirements="C")  # keeps 0-d arrays 0-d
+            w = Weight.plain(name, arr, c.dtype)
+            note = "param" if name in bindings else "folded/constant"
+            report.weights.append(WeightReport(name, c.dtype, list(c.shape), dense_bytes.get(name, arr.nbytes),
+                                               int(arr.nbytes), None, None, note))
+        rf.weights[name] = w
+    rf.meta = {
+        "tool": TOOL_VERSION,
+        "inputs": [{"name": v.name, "dtype": v.dtype, "shape": list(v.shape)} for v in g.inputs],
+        "outputs": [{"name": o, **g.types[o].to_json()} for o in g.outputs],
+        "params": [{"name": v.name, "dtype": v.dtype, "shape": list(v.shape)} for v in g.params],
+        "bake": report.to_dict(),
+    }
+    return rf, report
