@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE / "digits"))
