@@ -43,7 +43,10 @@ class State:
     def __init__(self, quiet: bool, debug: bool):
         self.quiet, self.debug = quiet, debug
         self.err = Console(stderr=True, quiet=quiet, highlight=False)
-        self.out = Console(highlight=False, soft_wrap=True)
+        self.out = Console(highlight=False)
+        for c in (self.err, self.out):
+            if not c.is_terminal:  # pipes and logs: don't squeeze tables into 80 columns
+                c.width = 200
 
 
 @contextmanager
