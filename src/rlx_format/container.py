@@ -142,11 +142,7 @@ def _align(n: int) -> int:
 
 
 def _graph_dict_for_file(rf: RlxFile) -> dict:
-    d = rf.graph.to_dict()
-    for c in d["constants"]:
-        if c["name"] in rf.weights:
-            c.pop("data", None)
-    return d
+    return rf.graph.to_dict(external=set(rf.weights))
 
 
 def _layout(rf: RlxFile) -> tuple[bytes, list[tuple[int, np.ndarray]]]:

@@ -170,13 +170,16 @@ class Graph:
         return self
 
     # ------------------------------------------------------------------ JSON
-    def to_dict(self) -> dict:
+    def to_dict(self, external: frozenset[str] | set[str] = frozenset()) -> dict:
+        """The graph.json dict. Constants named in `external` are written without data (their bytes
+        live elsewhere, e.g. the .rlx weight table)."""
+
         def decl(v: Value) -> dict:
             return {"name": v.name, "dtype": v.dtype, "shape": list(v.shape)}
 
         def const(c: Value) -> dict:
             d = decl(c)
-            if c.value is not None:
+            if c.value is not None and c.name not in external:
                 d["data"] = _encode_data(c.value, c.dtype)
             return d
 

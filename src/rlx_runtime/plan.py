@@ -75,6 +75,8 @@ class Plan:
             for i, n in enumerate(graph.nodes)
         ]
         self.leaf_slots = leaf_slots
+        from .codegen import generate
+        self._fast, self._line_step = generate(self)
 
     # ---------------------------------------------------------------- binding
     def check_param(self, name: str, value) -> object:
@@ -104,7 +106,22 @@ class Plan:
         return vals
 
     # ---------------------------------------------------------------- execution
+    def run_fast(self, vals: list) -> list:
+        """Execute with the generated function; returns the output arrays in order."""
+        try:
+            return self._fast(vals)
+        except RlxError:
+            raise
+        except Exception as e:  # noqa: BLE001 - find the failing step from the generated line number
+            tb = e.__traceback__
+            while tb.tb_next is not None and tb.tb_frame.f_code.co_name != "_run":
+                tb = tb.tb_next
+            step = self.steps[self._line_step.get(tb.tb_lineno, 0)] if self.steps else None
+            where = f"node {step.name!r} ({step.op})" if step else "graph"
+            raise RlxError(f"{where} failed at run time: {type(e).__name__}: {e}") from e
+
     def execute(self, vals: list, profile: dict | None = None) -> list:
+        """Slot-list execution (used for profiling and by the hoisting runtime)."""
         xp = self.xp
         step = None
         try:
@@ -130,12 +147,13 @@ class Plan:
             raise RlxError(f"node {step.name!r} ({step.op}) failed at run time: {type(e).__name__}: {e}") from e
         return vals
 
-    def outputs(self, vals: list) -> dict:
+    def outputs(self, vals: list, results: list | None = None) -> dict:
+        """Output dict from the slot list (or from run_fast's `results`), never aliasing leaves."""
         out = {}
         seen: set[int] = set()
         leaf_ids = {id(vals[s]) for s in self.leaf_slots}
-        for name, s in self.output_slots:
-            a = vals[s]
+        for k, (name, s) in enumerate(self.output_slots):
+            a = vals[s] if results is None else results[k]
             # never hand out a leaf, a view into another buffer, or the same array twice
             if id(a) in leaf_ids or id(a) in seen or getattr(a, "base", None) is not None:
                 a = a.copy()

@@ -17,12 +17,14 @@ def pack_ternary_weights(graph: Graph, report, packed_suffix: str = ".tq2_0") ->
     for wname, nodes in by_weight.items():
         w = graph.constants[wname].value
         k = w.shape[0]
-        wt = np.ascontiguousarray(w.T)  # DequantMatMul rows are output channels: (N, K)
         if k % TQ2_0_BLOCK:
-            if k >= TQ2_0_BLOCK and is_lossless_ternary(wt[:, : k - k % TQ2_0_BLOCK]):
+            if k >= TQ2_0_BLOCK and is_lossless_ternary(np.ascontiguousarray(w[: k - k % TQ2_0_BLOCK].T)):
                 report.notes.append(f"weight {wname!r} looks ternary but K={k} is not a multiple of "
                                     f"{TQ2_0_BLOCK}; kept dense")
             continue
+        if not is_lossless_ternary(np.ascontiguousarray(w[:TQ2_0_BLOCK, 0])):  # cheap probe: first block
+            continue
+        wt = np.ascontiguousarray(w.T)  # DequantMatMul rows are output channels: (N, K)
         if not is_lossless_ternary(wt):
             continue
         packed = quantize_tq2_0(wt)

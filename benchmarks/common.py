@@ -1,0 +1,71 @@
+"""Shared benchmark helpers: timing, RSS, the result row, the environment note."""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass
+class Row:
+    bench: str
+    case: str
+    rlx: float        # seconds (or MB for memory rows)
+    peer: float
+    peer_name: str
+    goal: str         # e.g. "<= 3.0x"
+    unit: str = "ms"
+
+    @property
+    def ratio(self) -> float:
+        return self.rlx / self.peer if self.peer else float("inf")
+
+    def met(self) -> bool:
+        op, val = self.goal.split()
+        val = float(val.rstrip("x"))
+        return self.ratio <= val if op == "<=" else self.ratio >= val
+
+    def line(self) -> str:
+        scale = 1e3 if self.unit == "ms" else 1.0
+        return (f"{self.bench:14} {self.case:42} rlx {self.rlx * scale:10.3f} {self.unit:3} "
+                f"{self.peer_name:>22} {self.peer * scale:10.3f} {self.unit:3} ratio {self.ratio:7.3f}x "
+                f"goal {self.goal:8} {'met' if self.met() else 'MISSED'}")
+
+
+def best_of(fn: Callable[[], object], repeat: int = 7, number: int = 1) -> float:
+    """Best (minimum) wall time of `number` calls, over `repeat` rounds, per call."""
+    fn()  # warm-up (JIT, caches)
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        for _ in range(number):
+            fn()
+        best = min(best, (time.perf_counter() - t) / number)
+    return best
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def env_note() -> str:
+    blas = os.environ.get("OPENBLAS_CORETYPE")
+    return (f"machine: {platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}; "
+            f"OPENBLAS_CORETYPE={'unset' if blas is None else blas} (not changed by the benchmarks)")
+
+
+def print_rows(rows: list[Row]) -> None:
+    for r in rows:
+        print(r.line())

@@ -1,0 +1,42 @@
+"""Quant codecs and DequantMatMul.
+
+- quantize throughput vs gguf.quants.quantize (the reference), same array: goal rlx >= 3x faster
+  (time ratio <= 0.333x);
+- Q8_0 DequantMatMul vs an f32 numpy matmul with the same 4096x4096 weight: batch 1 goal <= 1.0x,
+  batch 32 goal <= 2.0x.
+"""
+
+from __future__ import annotations
+
+import gguf.quants as gq
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from common import Row, best_of, env_note, print_rows
+from rlx_format.quants import quantize_q8_0, quantize_tq2_0
+from rlx_runtime.quant_kernels import dequant_matmul
+
+
+def main() -> list[Row]:
+    r = np.random.default_rng(0)
+    rows = []
+    w = r.standard_normal((4096, 4096)).astype(np.float32)
+    for name, ours, qt in (("Q8_0", quantize_q8_0, T.Q8_0), ("TQ2_0", quantize_tq2_0, T.TQ2_0)):
+        assert np.array_equal(ours(w[:64]), gq.quantize(w[:64], qt))
+        t_rlx = best_of(lambda ours=ours: ours(w), repeat=3)
+        t_ref = best_of(lambda qt=qt: gq.quantize(w, qt), repeat=3)
+        rows.append(Row("quants", f"quantize {name} 4096x4096 (64 MiB f32)", t_rlx, t_ref, "gguf.quants", "<= 0.333x"))
+    packed = quantize_q8_0(w)
+    wt = np.ascontiguousarray(w.T)  # f32 weight as [K, N] for x @ W
+    for batch, goal in ((1, "<= 1.0x"), (32, "<= 2.0x")):
+        x = r.standard_normal((batch, 4096)).astype(np.float32)
+        t_rlx = best_of(lambda x=x: dequant_matmul(x, packed, "gguf_q8_0", 4096, 4096), number=5)
+        t_ref = best_of(lambda x=x: x @ wt, number=5)
+        rows.append(Row("quants", f"Q8_0 DequantMatMul 4096x4096 batch {batch}", t_rlx, t_ref, "numpy f32 matmul",
+                        goal))
+    return rows
+
+
+if __name__ == "__main__":
+    print(env_note())
+    print_rows(main())

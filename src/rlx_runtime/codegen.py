@@ -1,0 +1,67 @@
+"""Turn a Plan into one generated straight-line Python function.
+
+`run` then costs one Python call per op and nothing else: values live in local variables, dead
+ones are dropped with `del`, and elementwise ops whose first input dies at that step write into
+it in place (only when that input is a fresh buffer of the same type, never a view of an input,
+param or constant).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# ops whose outputs are always new buffers (never views of their inputs)
+FRESH_OPS = frozenset({
+    "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "MatMul", "Exp", "Log", "Sqrt", "Neg", "Abs", "Relu",
+    "Sigmoid", "Tanh", "Sin", "Cos", "Gelu", "Silu", "Softmax", "LogSoftmax", "Conv", "ConvTranspose",
+    "LayerNorm", "RMSNorm", "GroupNorm", "BatchNormalization", "DequantMatMul", "Erf", "Softplus", "Reciprocal",
+})
+_INPLACE_BINARY = {"Add": "add", "Sub": "subtract", "Mul": "multiply", "Div": "divide", "Max": "maximum",
+                   "Min": "minimum"}
+_INPLACE_UNARY = {"Relu": None, "Exp": "exp", "Neg": "negative", "Abs": "absolute", "Tanh": "tanh",
+                  "Sqrt": "sqrt", "Sin": "sin", "Cos": "cos"}
+
+
+def generate(plan) -> tuple[object, dict[int, int]]:
+    """Return (fn(vals) -> list of outputs, {source line -> step index}) for the plan."""
+    g = plan.graph
+    types = g.types
+    producer_op = {n.name: n.op for n in g.nodes}
+    name_of = {s: n for n, s in plan.slot.items()}
+    ns: dict = {"xp": plan.xp, "np": np}
+    lines = ["def _run(vals):"]
+    line_step: dict[int, int] = {}
+    loaded = set()
+    for i, st in enumerate(plan.steps):
+        for s in st.ins:
+            if s in plan.leaf_slots and s not in loaded:
+                lines.append(f"    v{s} = vals[{s}]")
+                loaded.add(s)
+        ns[f"K{i}"], ns[f"A{i}"] = st.fn, st.attrs
+        args = ", ".join(f"v{s}" for s in st.ins)
+        first = st.ins[0] if st.ins else None
+        inplace = (plan.xp is np and first is not None and first in st.frees
+                   and producer_op.get(name_of[first]) in FRESH_OPS
+                   and types[name_of[first]] == types[st.name]
+                   and st.ins.count(first) == 1)
+        if inplace and st.op in _INPLACE_BINARY and len(st.ins) == 2:
+            code = f"    v{st.out} = np.{_INPLACE_BINARY[st.op]}({args}, out=v{first})"
+        elif inplace and st.op == "Relu":
+            code = f"    v{st.out} = np.maximum(v{first}, 0, out=v{first})"
+        elif inplace and st.op in _INPLACE_UNARY and len(st.ins) == 1:
+            code = f"    v{st.out} = np.{_INPLACE_UNARY[st.op]}(v{first}, out=v{first})"
+        else:
+            code = f"    v{st.out} = K{i}(xp, A{i}{', ' if args else ''}{args})"
+        lines.append(code)
+        line_step[len(lines)] = i
+        for f in st.frees:
+            if f != st.out:
+                lines.append(f"    del v{f}")
+    for _, s in plan.output_slots:
+        if s in plan.leaf_slots and s not in loaded:
+            lines.append(f"    v{s} = vals[{s}]")
+            loaded.add(s)
+    lines.append("    return [" + ", ".join(f"v{s}" for _, s in plan.output_slots) + "]")
+    src = "\n".join(lines) + "\n"
+    exec(compile(src, f"<rlx plan {g.name}>", "exec"), ns)  # noqa: S102 - our own generated code
+    return ns["_run"], line_step
