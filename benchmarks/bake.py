@@ -1,7 +1,8 @@
 """Bake a ~1 GiB safetensors model (an 8-layer MLP of 4096x8192 f32 weights) with `merge` and `exact`,
 vs copying the weights file with shutil.copyfile, same machine, page cache warm for both.
 Goals: bake time <= 2x the copy; peak RSS <= 1.5x the largest tensor + 150 MB.
-Each bake runs in a fresh subprocess (for an honest peak RSS)."""
+Each bake runs in a fresh subprocess; peak RSS is its VmHWM (ru_maxrss would include the parent's
+high-water mark, which Linux carries across fork+exec)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from rlx_format import GraphBuilder
 LAYERS, D, H = 4, 4096, 8192  # 4 x (4096x8192 + 8192x4096) f32 = 1 GiB
 
 CHILD = r"""
-import json, resource, sys, time
+import json, sys, time
 from rlx_bake import BakeOptions, bake, load_graph
 from rlx_format import write_rlx
 t = time.perf_counter()
@@ -31,7 +32,7 @@ rf, rep = bake(graph, ws, BakeOptions.from_profile(sys.argv[3]))
 write_rlx(sys.argv[2], rf)
 status = dict(l.split(':', 1) for l in open('/proc/self/status'))
 print(json.dumps({'seconds': time.perf_counter() - t,
-                  'peak_rss_mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  'peak_rss_mb': int(status['VmHWM'].split()[0]) / 1024,
                   'anon_mb': int(status['RssAnon'].split()[0]) / 1024,
                   'file_mb': int(status['RssFile'].split()[0]) / 1024}))
 """

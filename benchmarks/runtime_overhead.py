@@ -76,7 +76,7 @@ def main() -> list[Row]:
         out_name = s.get_outputs()[0].name
         np.testing.assert_allclose(c.run(feeds)[graph.outputs[0]], s.run([out_name], feeds)[0], rtol=1e-4, atol=1e-4)
         t_rlx = best_of(lambda c=c, feeds=feeds: c.run(feeds), number=number)
-        t_ort = best_of(lambda s=s, feeds=feeds: s.run([out_name], feeds), number=number)
+        t_ort = best_of(lambda s=s, feeds=feeds, o=out_name: s.run([o], feeds), number=number)
         rows.append(Row("runtime", case, t_rlx, t_ort, "onnxruntime", goal))
     return rows
 

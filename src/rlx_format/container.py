@@ -116,6 +116,7 @@ class RlxFile:
         """Recompute every tensor digest; raise FormatError naming the first mismatch."""
         for w in self.weights.values():
             got = digest_bytes(memoryview(np.ascontiguousarray(w.data)).cast("B"))
+            release_pages(w.data)
             if w.digest is not None and got != w.digest:
                 raise FormatError(f"weight {w.name!r}: digest mismatch ({DIGEST_ALGO} {got} != stored {w.digest}); "
                                   "the file is corrupted — re-bake or re-copy it")
@@ -137,6 +138,29 @@ class RlxFile:
 # ------------------------------------------------------------------------------------------- writer
 
 
+def release_pages(arr: np.ndarray) -> None:
+    """Best effort: drop the pages of a file-mapped array from this process (they stay in the page cache).
+
+    Hashing or copying a memory-mapped weight faults its pages into our RSS; releasing them after
+    use keeps a bake's or verify's resident memory near one tensor instead of the whole model.
+    """
+    base = arr
+    while isinstance(base, np.ndarray):
+        base = base.base
+    mm = base.obj if isinstance(base, memoryview) else base
+    if not isinstance(mm, mmap.mmap) or arr.nbytes == 0 or not hasattr(mm, "madvise"):
+        return
+    try:
+        start = arr.__array_interface__["data"][0] - np.frombuffer(mm, np.uint8, count=1).__array_interface__["data"][0]
+        page = mmap.PAGESIZE
+        lo = (start + page - 1) // page * page  # whole pages inside the array only
+        hi = (start + arr.nbytes) // page * page
+        if hi > lo:
+            mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+    except (ValueError, OSError):
+        pass
+
+
 def _align(n: int) -> int:
     return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
 
@@ -153,6 +177,7 @@ def _layout(rf: RlxFile) -> tuple[bytes, list[tuple[int, np.ndarray]]]:
         data = np.ascontiguousarray(w.data)
         if w.digest is None:
             w.digest = digest_bytes(memoryview(data).cast("B"))
+            release_pages(data)
         entries.append((w, data))
     graph = _graph_dict_for_file(rf)
     data_start = PREAMBLE_BYTES
@@ -181,6 +206,7 @@ def _write_stream(f: BinaryIO, rf: RlxFile) -> None:
         mv = memoryview(data).cast("B") if data.nbytes else b""
         for i in range(0, len(mv), 64 << 20):  # chunked: no giant temporary copies
             f.write(mv[i:i + (64 << 20)])
+        release_pages(data)
         pos = off + data.nbytes
 
 
@@ -337,8 +363,9 @@ def _check_entry(e: Any, i: int, data_start: int, size: int, where: str) -> dict
     if not isinstance(e, dict):
         raise FormatError(f"{where}: weights[{i}] must be a map")
     for k, t in _ENTRY_TYPES.items():
-        if not isinstance(e.get(k), t) or isinstance(e.get(k), bool):
-            raise FormatError(f"{where}: weights[{i}] field {k!r} is {e.get(k)!r}; expected {t.__name__}")
+        v = e.get(k)
+        if type(v) is not t:  # exact types: msgpack never produces subclasses, and bool is not an int here
+            raise FormatError(f"{where}: weights[{i}] field {k!r} is {v!r}; expected {t.__name__}")
     name = e["name"]
     ctx = f"{where}: weight {name!r} (weights[{i}])"
     if not name or len(name) > MAX_STR:
@@ -350,8 +377,7 @@ def _check_entry(e: Any, i: int, data_start: int, size: int, where: str) -> dict
     if e["dtype"] not in NUMPY_DTYPES:
         raise FormatError(f"{ctx}: unknown dtype {e['dtype']!r}")
     shape = e["shape"]
-    if len(shape) > MAX_RANK or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= MAX_DIM
-                                        for d in shape):
+    if len(shape) > MAX_RANK or any(type(d) is not int or not 0 <= d <= MAX_DIM for d in shape):
         raise FormatError(f"{ctx}: shape {shape} must have rank <= {MAX_RANK} and dims in [0, {MAX_DIM}]")
     if enc in QUANT_ENCODINGS and (not shape or shape[-1] % QUANT_ENCODINGS[enc][0]):
         raise FormatError(f"{ctx}: {enc} needs a last dim that is a multiple of {QUANT_ENCODINGS[enc][0]}; "

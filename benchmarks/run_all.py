@@ -1,0 +1,33 @@
+"""Run every benchmark and print one table of ratios (rlx vs peer, measured in the same run)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from common import env_note  # noqa: E402
+
+BENCHES = ["runtime_overhead", "hoist", "quants", "load", "crypto", "bake"]
+
+
+def main(selected: list[str]) -> int:
+    print(env_note())
+    rows, t0 = [], time.perf_counter()
+    for name in selected or BENCHES:
+        t = time.perf_counter()
+        rows += importlib.import_module(name).main()
+        print(f"[{name}: {time.perf_counter() - t:.1f}s]", file=sys.stderr)
+    print()
+    for r in rows:
+        print(r.line())
+    missed = [r for r in rows if not r.met()]
+    print(f"\n{len(rows) - len(missed)} goals met, {len(missed)} missed ({time.perf_counter() - t0:.0f}s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
