@@ -4,7 +4,7 @@ import time
 import numpy as np
 import pytest
 
-from rlx_format import Graph, GraphBuilder, GraphError, RlxError
+from rlx_format import OPS, Graph, GraphBuilder, GraphError, RlxError
 
 GOLDEN = """{
  "format": "rlx.graph",
@@ -116,3 +116,10 @@ def test_100k_node_chain_loads_fast():
     assert time.perf_counter() - t < 10
     assert g.nodes[0].name == "n0" and g.nodes[-1].name == f"n{n - 1}"
     assert g.types[f"n{n - 1}"].shape == ("b", 4)
+
+
+def test_spec_lists_every_op():
+    from pathlib import Path
+    text = (Path(__file__).parent.parent / "spec" / "ops.md").read_text()
+    missing = [op for op in OPS if op not in text]
+    assert missing == []
