@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from common import env_note  # noqa: E402
 
-BENCHES = ["runtime_overhead", "hoist", "quants", "load", "crypto", "bake"]
+BENCHES = ["runtime_overhead", "hoist", "pe_cache", "quants", "load", "crypto", "bake"]
 
 
 def main(selected: list[str]) -> int:

@@ -6,7 +6,9 @@ from .session import CompiledGraph, Session
 
 __all__ = ["Session", "Device", "CompileOptions", "CompiledGraph"]
 
-from .hoist import HoistedGraph, HoistSplit, split_param_invariant  # noqa: E402
+from .hoist import HoistedGraph, HoistSplit, split_param_invariant, split_shape_invariant  # noqa: E402
 from .passes import specialize_params  # noqa: E402
+from .pecache import PECache, PECacheKey  # noqa: E402
 
-__all__ += ["split_param_invariant", "specialize_params", "HoistSplit", "HoistedGraph"]
+__all__ += ["split_param_invariant", "split_shape_invariant", "specialize_params", "HoistSplit", "HoistedGraph",
+            "PECache", "PECacheKey"]

@@ -1,14 +1,19 @@
-"""cache_param_invariant: run the weight-only part of a graph once, not every forward.
+"""cache_param_invariant / cache_shape_invariant: run weight-only (and shape-only) work once.
 
 split_param_invariant divides a graph into `prepare` (everything computable from params and
 constants alone) and `main` (the rest, with each boundary tensor turned into an input).
+split_shape_invariant also lets `Shape(input)` into prepare, so tensors built from input
+*shapes* (RoPE tables from Shape(x) -> Range -> Sin/Cos) are prepared too, keyed by those shapes.
 HoistedGraph runs prepare lazily, binds its outputs into main by reference, and recomputes a
-boundary only when a param it depends on changes.
+boundary only when a param it depends on changes or (shape mode) its input shapes change; the
+boundaries live in a PECache keyed by (param versions, input shapes).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 from rlx_format.errors import RlxError
 from rlx_format.graph import Graph, Node, Value
@@ -16,6 +21,7 @@ from rlx_format.ops import RANDOM_OPS
 
 from .device import Device
 from .options import CompileOptions
+from .pecache import PECache, PECacheKey
 from .plan import Plan
 
 BOUNDARY_PREFIX = "__hoisted__/"
@@ -34,10 +40,24 @@ class HoistSplit:
 
 
 def split_param_invariant(graph: Graph) -> HoistSplit | None:
+    """Split off everything computable from params and constants alone (None: nothing to hoist)."""
+    return _split(graph, through_shape=False)
+
+
+def split_shape_invariant(graph: Graph) -> HoistSplit | None:
+    """Like split_param_invariant, but `Shape(input)` counts as static: shape-only work is prepared."""
+    return _split(graph, through_shape=True)
+
+
+def _split(graph: Graph, through_shape: bool) -> HoistSplit | None:
     inputs = set(graph.input_names)
     dynamic = set(inputs)
     for n in graph.nodes:  # topological order: one forward sweep (linear time)
-        if n.op in RANDOM_OPS or any(i in dynamic for i in n.inputs):
+        if n.op in RANDOM_OPS:
+            dynamic.add(n.name)
+        elif through_shape and n.op == "Shape" and n.inputs[0] in inputs:
+            continue  # depends on the input's shape only
+        elif any(i in dynamic for i in n.inputs):
             dynamic.add(n.name)
     static_nodes = {n.name for n in graph.nodes if n.name not in dynamic}
     boundary = []
@@ -59,7 +79,8 @@ def split_param_invariant(graph: Graph) -> HoistSplit | None:
             stack.extend(nodes[v].inputs)
     prep_nodes = [_clone(n) for n in graph.nodes if n.name in need]
     prep_params = [p for p in graph.params if p.name in need]
-    prepare = Graph(f"{graph.name}.prepare", [], [_vcopy(p) for p in prep_params],
+    prep_inputs = [_vcopy(v) for v in graph.inputs if v.name in need]  # read through Shape only
+    prepare = Graph(f"{graph.name}.prepare", prep_inputs, [_vcopy(p) for p in prep_params],
                     [_vcopy(c) for k, c in graph.constants.items() if k in need], prep_nodes, list(boundary))
     # per-boundary param dependencies
     deps: dict[str, list[str]] = {}
@@ -119,7 +140,9 @@ class HoistedGraph:
         for b in split.boundary:
             sub = _restrict(split.prepare, b)
             self._prep[b] = Plan(sub, xp)
-        self._cache: dict[str, object] = {}
+        self._version = dict.fromkeys(split.boundary, 0)  # bumped by set_param on a param it depends on
+        self.cache = PECache(capacity=1, device=device if device is not Device.CPU else None)
+        self._cache: dict[str, object] = {}  # the boundary values bound into the current forward
         plain = CompileOptions(optimize=False, cache_param_invariant=False, profile=options.profile)
         self._main = CompiledGraph(split.main, xp, device, plain) if split.main is not None else None
 
@@ -142,7 +165,7 @@ class HoistedGraph:
         for b in owners:
             plan = self._prep[b]
             plan.base[plan.param_slot[name]] = plan.check_param(name, array)
-            self._cache.pop(b, None)  # invalidate only what depends on this param
+            self._version[b] += 1  # invalidates only what depends on this param
         if name in self.split.main_params:
             self._main.set_param(name, array)
 
@@ -150,10 +173,14 @@ class HoistedGraph:
         if not isinstance(feeds, dict):
             raise RlxError(f"run() takes a dict of input name -> array; got {type(feeds).__name__}")
         for b in self.split.boundary:
-            if b not in self._cache:
-                plan = self._prep[b]
-                vals = plan.execute(plan.bind_inputs({}), self._profile)
-                self._cache[b] = vals[plan.output_slots[0][1]]
+            plan = self._prep[b]
+            names = [n for n, *_ in plan.input_slots]
+            missing = [n for n in names if n not in feeds]
+            if missing:
+                raise RlxError(f"run(): missing input(s) {missing}")
+            key = PECacheKey(b).add(self._version[b]).add_shapes([np.shape(feeds[n]) for n in names])
+            self._cache[b] = self.cache.get_or_create(key, lambda plan=plan, names=names: self._prepare(plan, names,
+                                                                                                         feeds))
         out = {}
         if self._main is not None:
             allowed = set(self.split.main.input_names) - set(self.split.boundary_inputs.values())
@@ -168,6 +195,10 @@ class HoistedGraph:
         elif feeds:
             raise RlxError(f"run(): unknown input(s) {sorted(feeds)}; this graph takes no inputs")
         return {o: out[o] if o in out else self._cache[o].copy() for o in self.split.outputs}
+
+    def _prepare(self, plan: Plan, names: list[str], feeds: dict):
+        vals = plan.execute(plan.bind_inputs({n: feeds[n] for n in names}), self._profile)
+        return vals[plan.output_slots[0][1]]
 
     # ------------------------------------------------------------------ profiling
     def enable_profiling(self, on: bool = True) -> None:
@@ -200,6 +231,7 @@ def _restrict(prepare: Graph, output: str) -> Graph:
         if v not in need:
             need.add(v)
             stack.extend(nodes[v].inputs if v in nodes else ())
-    return Graph(f"{prepare.name}[{output}]", [], [_vcopy(p) for p in prepare.params if p.name in need],
+    return Graph(f"{prepare.name}[{output}]", [_vcopy(v) for v in prepare.inputs if v.name in need],
+                 [_vcopy(p) for p in prepare.params if p.name in need],
                  [_vcopy(c) for k, c in prepare.constants.items() if k in need],
                  [_clone(n) for n in prepare.nodes if n.name in need], [output])

@@ -22,6 +22,8 @@ class CompileOptions:
     param_bindings: params to turn into constants before planning (then folded).
     cache_param_invariant: hoist the weight-only part of the graph so it runs once
         (default: the RLX_CACHE_PARAM_INVARIANT environment variable).
+    cache_shape_invariant: also prepare what depends only on input *shapes* (through Shape), once
+        per distinct shape key (implies the param-invariant hoisting).
     optimize: run simplify/fold/DCE/dedupe even without bindings.
     profile: record per-op call counts and time from the first run.
     fold_growth_limit / fold_min_bytes: the constant-folding size guard.
@@ -29,6 +31,7 @@ class CompileOptions:
 
     param_bindings: dict[str, np.ndarray] | None = None
     cache_param_invariant: bool = field(default_factory=lambda: _env_flag("RLX_CACHE_PARAM_INVARIANT"))
+    cache_shape_invariant: bool = False
     optimize: bool = True
     profile: bool = False
     fold_growth_limit: float = DEFAULT_FOLD_GROWTH_LIMIT

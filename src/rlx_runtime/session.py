@@ -79,9 +79,9 @@ class Session:
         if options.param_bindings or options.optimize:
             from .passes.pipeline import compile_pipeline
             graph, report = compile_pipeline(graph, options)
-        if options.cache_param_invariant:
-            from .hoist import HoistedGraph, split_param_invariant
-            split = split_param_invariant(graph)
+        if options.cache_param_invariant or options.cache_shape_invariant:
+            from .hoist import HoistedGraph, split_param_invariant, split_shape_invariant
+            split = (split_shape_invariant if options.cache_shape_invariant else split_param_invariant)(graph)
             if split is not None:
                 return HoistedGraph(split, self.xp, self.device, options, report)
         return CompiledGraph(graph, self.xp, self.device, options, report)
