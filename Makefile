@@ -28,5 +28,8 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py
 
+fuzz: $(STAMP)
+	$(BIN)/python scripts/fuzz.py $${FUZZ_SECONDS:-30}
+
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

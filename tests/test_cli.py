@@ -116,6 +116,12 @@ def _bad_cases(tmp_path):
            env={"PW": "right"})
     plain = tmp_path / "plain.rlx"
     invoke(_graph_dir(tmp_path / "ok2", _small_graph(), good_w), "-o", plain)
+    truncated = tmp_path / "truncated.rlx"
+    truncated.write_bytes(plain.read_bytes()[:-10])
+    outdir = tmp_path / "outdir"
+    outdir.mkdir()
+    afile = tmp_path / "afile"
+    afile.write_text("x")
     (tmp_path / "x.npy").write_bytes(b"nope")
     np.save(tmp_path / "x64.npy", np.zeros((2, 32)))
     mk = _graph_dir
@@ -161,6 +167,13 @@ def _bad_cases(tmp_path):
         (["encrypt", plain, "-o", "e.rlx"], None, None, 2, "encrypt needs a password"),
         (["encrypt", "ghost.rlx", "-o", "e.rlx", "--password-env", "PW", *FAST], {"PW": "x"}, None, 1, "no such file"),
         (["verify", tmp_path], None, None, 1, "is a directory"),
+        (["run", truncated, "--input", f"x={tmp_path / 'x64.npy'}"], None, None, 1, "truncated or corrupted"),
+        (["inspect", truncated], None, None, 1, "outside the data section"),
+        (["verify", truncated], None, None, 1, "outside the data section"),
+        ([mk(tmp_path / "q", _small_graph(), good_w), "-o", outdir], None, None, 1, "Is a directory"),
+        ([mk(tmp_path / "r", _small_graph(), good_w), "-o", "/proc/rlx-test.rlx"], None, None, 1, "error:"),
+        ([mk(tmp_path / "s", _small_graph(), good_w), "-o", afile / "o.rlx"], None, None, 1, "does not exist"),
+        (["decrypt", sealed, "-o", outdir, "--password-env", "PW"], {"PW": "right"}, None, 1, "Is a directory"),
         (["verify", plain, "--against", tmp_path / "a"], None, None, 1, "directory has no graph.json"),
     ]
 
@@ -179,6 +192,43 @@ def test_bad_input_catalogue(tmp_path, monkeypatch):
         assert "Traceback" not in r.output, label
         assert r.exception is None or isinstance(r.exception, SystemExit), f"{label}: {r.exception!r}"
         assert sorted(p.name for p in work.iterdir()) == [], f"{label}: left {list(work.iterdir())}"
+        assert list((tmp_path / "outdir").iterdir()) == [] and (tmp_path / "afile").read_text() == "x", label
+        assert not any(p.name.endswith(".tmp") for p in tmp_path.rglob("*")), label
+
+
+def test_inspect_sealed_without_password_shows_header_only(tmp_path):
+    sealed = tmp_path / "s.rlx"
+    invoke(_graph_dir(tmp_path, _small_graph(), {"w": np.ones((32, 4), np.float32)}), "-o", sealed,
+           "--password-env", "PW", *FAST, env={"PW": "pw"})
+    r = invoke("inspect", sealed)
+    assert r.exit_code == 0 and "encrypted: True" in r.output and "--password-env" in r.output
+    assert "MatMul" not in r.output
+
+
+SECRET = "hunter2-Sekr3t!"
+
+
+def test_password_never_appears_anywhere(tmp_path, capfd):
+    d = _graph_dir(tmp_path, _small_graph(), {"w": np.ones((32, 4), np.float32)})
+    out, rep = tmp_path / "s.rlx", tmp_path / "rep.json"
+    env = {"PW": SECRET}
+    outputs = [
+        invoke(d, "-o", out, "--password-env", "PW", "--report-json", rep, *FAST, env=env).output,
+        invoke(d, "-o", tmp_path / "v.rlx", "--password", SECRET, *FAST).output,
+        invoke("inspect", out, "--password-env", "PW", "--json", env=env).output,
+        invoke("verify", out, "--password-env", "PW", env=env).output,
+        invoke("decrypt", out, "-o", tmp_path / "p.rlx", "--password-stdin", input=SECRET + "\n").output,
+        CliRunner().invoke(main, ["--debug", "inspect", str(out), "--password-env", "PW"],
+                           env={"PW": SECRET + "x"}).output,
+        CliRunner().invoke(main, ["run", str(out), "--password-env", "PW"], env={"PW": "wrong"}).output,
+    ]
+    captured = capfd.readouterr()
+    for text in outputs + [captured.out, captured.err, rep.read_text()]:
+        assert SECRET not in text
+    for f in tmp_path.rglob("*"):
+        if f.is_file():
+            assert SECRET.encode() not in f.read_bytes(), f
+    assert SECRET not in str(read_rlx(tmp_path / "p.rlx").meta)
 
 
 def test_debug_shows_traceback(tmp_path):

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from .constants import MAX_DIM, MAX_NODES, MAX_RANK, MAX_STR
 from .dtypes import NUMPY_DTYPES, bf16_to_f32, check_dtype, f32_to_bf16
 from .errors import GraphError
 from .ops import LEAF_OPS, OPS, InferCtx, TensorType, normalize_attrs
@@ -211,7 +212,7 @@ class Graph:
             return cls.from_dict(src)
         where = "graph.json"
         text = str(src)
-        if isinstance(src, os.PathLike) or (not text.lstrip().startswith("{")):
+        if isinstance(src, os.PathLike) or text.lstrip()[:1] not in ("{", "["):
             p = Path(src)
             where = str(p)
             try:
@@ -224,6 +225,8 @@ class Graph:
             d = json.loads(text)
         except json.JSONDecodeError as e:
             raise GraphError(f"{where}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+        except RecursionError:
+            raise GraphError(f"{where}: JSON nested too deeply") from None
         return cls.from_dict(d)
 
     @classmethod
@@ -244,6 +247,8 @@ class Graph:
         for key in ("inputs", "params", "constants", "nodes", "outputs"):
             if not isinstance(d.get(key, []), list):
                 raise GraphError(f"'{key}' must be a list; got {type(d[key]).__name__}")
+            if len(d.get(key, [])) > MAX_NODES:
+                raise GraphError(f"'{key}' has {len(d[key])} entries; the cap is {MAX_NODES}")
         name = d.get("name", "graph")
         if not isinstance(name, str):
             raise GraphError(f"'name' must be a string; got {name!r}")
@@ -296,9 +301,12 @@ def _parse_version(v: Any) -> tuple[int, int]:
 
 def _check_shape(shape: Any, where: str) -> tuple:
     if not isinstance(shape, (list, tuple)):
-        raise GraphError(f"{where}: shape must be a list; got {shape!r}")
+        raise GraphError(f"{where}: shape must be a list; got {shape!r:.80}")
+    if len(shape) > MAX_RANK:
+        raise GraphError(f"{where}: rank {len(shape)} exceeds the cap of {MAX_RANK}")
     for d in shape:
-        ok = (isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0) or (isinstance(d, str) and d)
+        ok = (isinstance(d, (int, np.integer)) and not isinstance(d, bool) and 0 <= d <= MAX_DIM) or (
+            isinstance(d, str) and 0 < len(d) <= MAX_STR)
         if not ok:
             raise GraphError(f"{where}: dim {d!r} in shape {list(shape)}; expected a non-negative int or a name")
     return tuple(int(d) if not isinstance(d, str) else d for d in shape)
@@ -324,6 +332,9 @@ def _entry(e: Any, section: str, i: int, keys: Iterable[str]) -> dict:
     missing = [k for k in keys if k not in e]
     if missing:
         raise GraphError(f"{section}[{i}] ({e.get('name', '?')!r}) is missing {missing}")
+    if not isinstance(e["name"], str) or not e["name"] or len(e["name"]) > MAX_STR:
+        raise GraphError(f"{section}[{i}]: name must be a non-empty string of at most {MAX_STR} characters; "
+                         f"got {e['name']!r:.80}")
     return e
 
 
@@ -359,13 +370,19 @@ def _decode_data(data: Any, v: Value, where: str) -> np.ndarray:
     n = int(np.prod(v.shape, dtype=np.int64))
     if flat.size != n:
         raise GraphError(f"{where}: data has {flat.size} values; expected {n} for shape {list(v.shape)}")
-    if v.dtype == "bf16":
-        return f32_to_bf16(flat.astype(np.float32)).reshape(v.shape)
     want = NUMPY_DTYPES[v.dtype]
+    if want.kind == "f" or v.dtype == "bf16":
+        with np.errstate(over="ignore"):
+            narrow = flat.astype(np.float32 if v.dtype == "bf16" else want)
+        if np.any(np.isinf(narrow) & np.isfinite(flat)):
+            raise GraphError(f"{where}: data has values outside the {v.dtype} range")
+        return (f32_to_bf16(narrow) if v.dtype == "bf16" else narrow).reshape(v.shape)
     if v.dtype == "bool" and not np.isin(flat, (0, 1)).all():
         raise GraphError(f"{where}: bool data must be true/false or 0/1")
     if want.kind in "iu" and flat.size and (flat.dtype.kind not in "iub"):
         raise GraphError(f"{where}: integer constant has non-integer data")
+    if want.kind in "iu" and flat.size and (flat.min() < np.iinfo(want).min or flat.max() > np.iinfo(want).max):
+        raise GraphError(f"{where}: data has values outside the {v.dtype} range")
     return flat.astype(want).reshape(v.shape)
 
 
