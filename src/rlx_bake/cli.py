@@ -18,12 +18,11 @@ from rlx_format import (RlxError, is_encrypted, read_rlx, write_rlx, write_rlx_e
 from rlx_format.container import atomic_write
 from rlx_format.sealed import KDF_PROFILES, decrypt_file, encrypt_file, read_seal_header
 
-from .loader import load_graph
+from .loader import load_graph, write_bundle
 from .options import DEFAULT_PROFILE, PROFILES, BakeOptions
 from .passwords import password_options, resolve_password
 from .pipeline import bake as bake_fn
 
-SUBCOMMANDS = ("bake", "inspect", "encrypt", "decrypt", "verify", "run")
 
 
 class DefaultGroup(click.Group):
@@ -172,6 +171,21 @@ def _print_report(state: State, report, output: Path, sealed: bool) -> None:
 def _open(path: Path, env, stdin, value):
     password = resolve_password(env, stdin, value, confirm=False) if is_encrypted(path) else None
     return read_rlx(path, password=password)
+
+
+@main.command("import-onnx")
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("-o", "--output", required=True, type=click.Path(path_type=Path),
+              help="Bundle directory to write (graph.json + weights.safetensors).")
+@click.pass_obj
+def import_onnx_cmd(state, model, output):
+    """Convert an ONNX model into a bundle directory (graph.json + weights.safetensors)."""
+    from .onnx import import_onnx
+    with handled(state):
+        graph, ws = import_onnx(model)
+        write_bundle(output, graph, ws)
+        click.echo(f"wrote {output / 'graph.json'} and {output / 'weights.safetensors'} "
+                   f"({len(graph.nodes)} nodes, {len(ws)} weights)")
 
 
 @main.command()

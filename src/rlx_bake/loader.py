@@ -80,8 +80,34 @@ def load_graph(path: str | os.PathLike, weights: str | os.PathLike | None = None
             weights = path / "weights.safetensors"
         path = gpath
     if path.suffix.lower() == ".onnx":
-        raise RlxError(f"{path}: ONNX import is not available in this version; convert the model to a bundle "
-                       "(graph.json + weights.safetensors)")
+        from .onnx import import_onnx
+        graph, ws = import_onnx(path)
+        if weights is not None:
+            extra = load_safetensors(weights)
+            for k, v in extra.items():
+                ws[k] = v
+                ws.dtypes[k] = extra.dtypes[k]
+        return graph, ws
     graph = Graph.from_json(path)
     ws = load_safetensors(weights) if weights is not None else WeightSet()
     return graph, ws
+
+
+def write_bundle(directory: str | os.PathLike, graph: Graph, weights: dict) -> None:
+    """Write graph.json + weights.safetensors into `directory` (created if missing), each atomically."""
+    from safetensors.numpy import save
+
+    from rlx_format.container import atomic_write
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise RlxError(f"{directory}: exists and is not a directory; expected a bundle directory path")
+    dtypes = getattr(weights, "dtypes", {})
+    bf16 = [k for k, d in dtypes.items() if d == "bf16"]
+    if bf16:
+        raise RlxError(f"bf16 weights {bf16[:3]} cannot be written by safetensors' numpy API; bake the ONNX model "
+                       "directly (rlx-bake model.onnx -o model.rlx) instead of converting it to a bundle")
+    directory.mkdir(parents=True, exist_ok=True)
+    data = save({k: np.ascontiguousarray(v) for k, v in weights.items()})
+    text = graph.to_json().encode()
+    atomic_write(directory / "weights.safetensors", lambda f: f.write(data))
+    atomic_write(directory / "graph.json", lambda f: f.write(text))

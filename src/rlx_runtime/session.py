@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from rlx_format.errors import RlxError
 from rlx_format.graph import Graph
 
@@ -45,9 +47,10 @@ class CompiledGraph:
     def run(self, feeds: dict) -> dict:
         plan = self._plan
         vals = plan.bind_inputs(feeds)
-        if self._profile is None:
-            return plan.outputs(vals, plan.run_fast(vals))
-        return plan.outputs(plan.execute(vals, self._profile))
+        with np.errstate(all="ignore"):  # IEEE results (NaN/Inf) are the semantics, not warnings
+            if self._profile is None:
+                return plan.outputs(vals, plan.run_fast(vals))
+            return plan.outputs(plan.execute(vals, self._profile))
 
     # ---------------------------------------------------------------- profiling
     def enable_profiling(self, on: bool = True) -> None:

@@ -1,0 +1,785 @@
+"""ONNX import: `import_onnx(path) -> (Graph, weights)`, lowering ONNX ops to the rlx catalogue.
+
+Initializers become params with their weights (so the bake specializes, folds and packs them);
+Constant nodes become constants; `dim_param` becomes a symbolic dim. Shape-like operands given
+as inputs in newer opsets (Reshape/Slice/Pad/Squeeze/Unsqueeze/ReduceX/Clip/Split/...) are read at
+import time when they are constants and become attrs. External-data tensors are memory-mapped
+from their files (never copied twice). Every unsupported op is reported in one error.
+Needs the `onnx` extra.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import os
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from rlx_format.dtypes import f32_to_bf16
+from rlx_format.errors import RlxError
+from rlx_format.graph import Graph, Node, Value
+
+from .loader import WeightSet
+
+try:
+    import onnx
+    from onnx import numpy_helper
+    from onnx.external_data_helper import ExternalDataInfo
+except ImportError:  # pragma: no cover - exercised only without the extra
+    onnx = None
+
+_DTYPES = {1: "f32", 10: "f16", 16: "bf16", 11: "f64", 7: "i64", 6: "i32", 5: "i16", 3: "i8", 2: "u8", 9: "bool"}
+
+
+class Unsupported(Exception):
+    """Raised by a lowering for a form rlx cannot express (collected, then reported together)."""
+
+
+class _Ctx:
+    def __init__(self, model, base_dir: Path):
+        self.model = model
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+        self.base_dir = base_dir
+        self.nodes: list[Node] = []
+        self.consts: dict[str, np.ndarray] = {}   # Constant nodes and folded helper constants
+        self.inits: dict[str, np.ndarray] = {}    # initializers (become params)
+        self.init_dtype: dict[str, str] = {}
+        self.types: dict[str, tuple[str, tuple]] = {}
+        self.names: set[str] = set()
+        self._mmaps: dict[str, mmap.mmap] = {}
+        self._n = 0
+
+    # -- values
+    def fresh(self, base: str) -> str:
+        while True:
+            self._n += 1
+            name = f"{base}/{self._n}"
+            if name not in self.names:
+                self.names.add(name)
+                return name
+
+    def emit(self, op: str, inputs: list[str], attrs: dict | None = None, name: str | None = None) -> str:
+        name = name or self.fresh(op.lower())
+        self.names.add(name)
+        self.nodes.append(Node(name, op, list(inputs), dict(attrs or {})))
+        return name
+
+    def const(self, value, dtype=None, base: str = "const") -> str:
+        arr = np.asarray(value, dtype=dtype)
+        name = self.fresh(base)
+        self.consts[name] = np.array(arr, copy=True, order="C")
+        return name
+
+    def value(self, name: str) -> np.ndarray | None:
+        """The value of a constant operand (initializer or Constant node), else None."""
+        if name in self.consts:
+            return self.consts[name]
+        return self.inits.get(name)
+
+    def ints(self, name: str, what: str) -> list[int]:
+        v = self.value(name)
+        if v is None:
+            raise Unsupported(f"{what} must be a constant (computed at run time here)")
+        return [int(x) for x in np.asarray(v).reshape(-1)]
+
+    def rank(self, name: str) -> int | None:
+        t = self.types.get(name)
+        return None if t is None or t[1] is None else len(t[1])
+
+    def dtype(self, name: str) -> str | None:
+        t = self.types.get(name)
+        return None if t is None else t[0]
+
+    # -- tensors
+    def tensor(self, t) -> np.ndarray:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            info = ExternalDataInfo(t)
+            path = (self.base_dir / info.location).resolve()
+            if not path.is_file():
+                raise RlxError(f"initializer {t.name!r}: external data file {info.location} not found next to "
+                               "the model")
+            mm = self._mmaps.get(str(path))
+            if mm is None:
+                with open(path, "rb") as f:
+                    mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                self._mmaps[str(path)] = mm
+            dt = _DTYPES.get(t.data_type)
+            if dt is None:
+                raise RlxError(f"initializer {t.name!r}: unsupported ONNX data type {t.data_type}")
+            np_dt = np.dtype(np.uint16 if dt == "bf16" else helper_np(t.data_type)).newbyteorder("<")
+            count = math.prod(t.dims)
+            off = info.offset or 0
+            if info.length is not None and info.length != count * np_dt.itemsize:
+                raise RlxError(f"initializer {t.name!r}: external length {info.length} != {count * np_dt.itemsize}")
+            return np.frombuffer(mm, np_dt, count=count, offset=off).reshape(tuple(t.dims))  # zero-copy
+        arr = numpy_helper.to_array(t)
+        if t.data_type == 16:  # bf16 arrives widened to float32 by some onnx versions
+            arr = f32_to_bf16(arr) if arr.dtype == np.float32 else arr.view(np.uint16)
+        return arr
+
+
+def helper_np(elem_type: int):
+    return onnx.helper.tensor_dtype_to_np_dtype(elem_type)
+
+
+def _attrs(node) -> dict:
+    out = {}
+    for a in node.attribute:
+        v = onnx.helper.get_attribute_value(a)
+        if isinstance(v, bytes):
+            v = v.decode("utf-8")
+        elif isinstance(v, list) and v and isinstance(v[0], bytes):
+            v = [x.decode("utf-8") for x in v]
+        out[a.name] = v
+    return out
+
+
+# ----------------------------------------------------------------------------------------- lowerings
+
+Lowering = Callable[[_Ctx, object, dict], None]
+LOWER: dict[str, Lowering] = {}
+
+_SAME = ["Abs", "Neg", "Exp", "Log", "Sqrt", "Reciprocal", "Sin", "Cos", "Tan", "Tanh", "Sigmoid", "Relu", "Erf",
+         "Floor", "Ceil", "Round", "Sign", "Not", "Softplus", "Softsign", "Identity", "Add", "Sub", "Mul", "Div",
+         "Pow", "Equal", "Less", "LessEqual", "Greater", "GreaterEqual", "And", "Or", "Where", "MatMul",
+         "GlobalAveragePool"]
+
+
+def _direct(op):
+    def lower(ctx, n, a):
+        ctx.emit(op, [i for i in n.input if i], {}, n.output[0])
+    return lower
+
+
+for _op in _SAME:
+    LOWER[_op] = _direct(_op)
+
+
+def _attr_copy(op, keys):
+    def lower(ctx, n, a):
+        ctx.emit(op, [i for i in n.input if i], {k: a[k] for k in keys if k in a}, n.output[0])
+    return lower
+
+
+LOWER["LeakyRelu"] = _attr_copy("LeakyRelu", ["alpha"])
+LOWER["Elu"] = _attr_copy("Elu", ["alpha"])
+LOWER["Selu"] = _attr_copy("Selu", ["alpha", "gamma"])
+LOWER["Gelu"] = _attr_copy("Gelu", ["approximate"])
+LOWER["Transpose"] = _attr_copy("Transpose", ["perm"])
+LOWER["Concat"] = _attr_copy("Concat", ["axis"])
+LOWER["Gather"] = _attr_copy("Gather", ["axis"])
+LOWER["Flatten"] = _attr_copy("Flatten", ["axis"])
+LOWER["DepthToSpace"] = _attr_copy("DepthToSpace", ["blocksize", "mode"])
+LOWER["ArgMax"] = _attr_copy("ArgMax", ["axis", "keepdims", "select_last_index"])
+LOWER["ArgMin"] = _attr_copy("ArgMin", ["axis", "keepdims", "select_last_index"])
+LOWER["Range"] = _direct("Range")
+
+
+def _dropout(ctx, n, a):
+    if len(n.output) > 1 and n.output[1]:
+        raise Unsupported("Dropout mask output")
+    ctx.emit("Identity", [n.input[0]], {}, n.output[0])
+
+
+LOWER["Dropout"] = _dropout
+
+
+def _cast(ctx, n, a):
+    to = _DTYPES.get(a["to"])
+    if to is None:
+        raise Unsupported(f"Cast to ONNX type {a['to']}")
+    ctx.emit("Cast", [n.input[0]], {"to": to}, n.output[0])
+
+
+LOWER["Cast"] = _cast
+
+
+def _softmax(op):
+    def lower(ctx, n, a):
+        axis = a.get("axis", -1 if ctx.opset >= 13 else 1)
+        r = ctx.rank(n.input[0])
+        if ctx.opset >= 13 or (r is not None and axis % r == r - 1):
+            ctx.emit(op, [n.input[0]], {"axis": axis}, n.output[0])
+            return
+        # opset < 13: softmax over the input flattened to 2-D at `axis`
+        flat = ctx.emit("Flatten", [n.input[0]], {"axis": axis})
+        sm = ctx.emit(op, [flat], {"axis": 1})
+        ctx.emit("Reshape", [sm, ctx.emit("Shape", [n.input[0]])], {}, n.output[0])
+    return lower
+
+
+LOWER["Softmax"] = _softmax("Softmax")
+LOWER["LogSoftmax"] = _softmax("LogSoftmax")
+
+
+def _softmin(ctx, n, a):
+    neg = ctx.emit("Neg", [n.input[0]])
+    LOWER["Softmax"](ctx, _Fake([neg], n.output), a)
+
+
+class _Fake:
+    def __init__(self, inputs, outputs):
+        self.input, self.output = list(inputs), list(outputs)
+
+
+LOWER["Softmin"] = _softmin
+
+
+def _variadic(op):
+    def lower(ctx, n, a):
+        ins = [i for i in n.input if i]
+        if len(ins) == 1:
+            ctx.emit("Identity", ins, {}, n.output[0])
+            return
+        acc = ins[0]
+        for k, i in enumerate(ins[1:]):
+            acc = ctx.emit(op, [acc, i], {}, n.output[0] if k == len(ins) - 2 else None)
+    return lower
+
+
+LOWER["Sum"] = _variadic("Add")
+LOWER["Max"] = _variadic("Max")
+LOWER["Min"] = _variadic("Min")
+
+
+def _mean(ctx, n, a):
+    ins = [i for i in n.input if i]
+    total = ins[0]
+    for i in ins[1:]:
+        total = ctx.emit("Add", [total, i])
+    ctx.emit("Div", [total, ctx.const(np.array(len(ins), _np(ctx, ins[0])))], {}, n.output[0])
+
+
+LOWER["Mean"] = _mean
+
+
+def _np(ctx, name):
+    from rlx_format.dtypes import compute_dtype
+    return compute_dtype(ctx.dtype(name) or "f32")
+
+
+def _clip(ctx, n, a):
+    attrs = {}
+    ins = [n.input[0]]
+    if ctx.opset < 11:
+        attrs = {k: a[k] for k in ("min", "max") if k in a}
+    else:
+        for pos, key in ((1, "min"), (2, "max")):
+            if len(n.input) > pos and n.input[pos]:
+                v = ctx.value(n.input[pos])
+                if v is None:
+                    raise Unsupported("Clip with run-time bounds")
+                attrs[key] = float(np.asarray(v).reshape(()))
+    ctx.emit("Clip", ins, attrs, n.output[0])
+
+
+LOWER["Clip"] = _clip
+
+
+def _hard_sigmoid(ctx, n, a):
+    x = n.input[0]
+    dt = _np(ctx, x)
+    lin = ctx.emit("Add", [ctx.emit("Mul", [x, ctx.const(np.array(a.get("alpha", 0.2), dt))]),
+                           ctx.const(np.array(a.get("beta", 0.5), dt))])
+    ctx.emit("Clip", [lin], {"min": 0.0, "max": 1.0}, n.output[0])
+
+
+LOWER["HardSigmoid"] = _hard_sigmoid
+
+
+def _prelu(ctx, n, a):
+    x, slope = n.input[0], n.input[1]
+    xr = ctx.rank(x)
+    sv = ctx.value(slope)
+    if sv is not None and xr is not None and sv.ndim == 1 and sv.size > 1 and xr > 2:
+        slope = ctx.emit("Reshape", [slope], {"shape": [sv.size] + [1] * (xr - 2)})  # per-channel slope
+    zero = ctx.const(np.array(0, _np(ctx, x)))
+    ctx.emit("Where", [ctx.emit("Less", [x, zero]), ctx.emit("Mul", [x, slope]), x], {}, n.output[0])
+
+
+LOWER["PRelu"] = _prelu
+
+
+def _gemm(ctx, n, a):
+    A, B = n.input[0], n.input[1]
+    if a.get("transA", 0):
+        A = ctx.emit("Transpose", [A], {"perm": [1, 0]})
+    if a.get("transB", 0):
+        B = ctx.emit("Transpose", [B], {"perm": [1, 0]})
+    dt = _np(ctx, n.input[0])
+    y = ctx.emit("MatMul", [A, B])
+    alpha, beta = a.get("alpha", 1.0), a.get("beta", 1.0)
+    has_c = len(n.input) > 2 and n.input[2]
+    if alpha != 1.0:
+        y = ctx.emit("Mul", [y, ctx.const(np.array(alpha, dt))], {}, None if has_c else n.output[0])
+    if has_c:
+        c = n.input[2]
+        if beta != 1.0:
+            c = ctx.emit("Mul", [c, ctx.const(np.array(beta, dt))])
+        ctx.emit("Add", [y, c], {}, n.output[0])
+    elif alpha == 1.0:
+        ctx.emit("Identity", [y], {}, n.output[0])
+
+
+LOWER["Gemm"] = _gemm
+
+
+def _reshape(ctx, n, a):
+    if ctx.opset < 5:
+        ctx.emit("Reshape", [n.input[0]], {"shape": a["shape"]}, n.output[0])
+        return
+    if a.get("allowzero", 0):
+        raise Unsupported("Reshape allowzero=1")
+    v = ctx.value(n.input[1])
+    if v is not None:
+        ctx.emit("Reshape", [n.input[0]], {"shape": [int(x) for x in v.reshape(-1)]}, n.output[0])
+    else:
+        ctx.emit("Reshape", [n.input[0], n.input[1]], {}, n.output[0])
+
+
+LOWER["Reshape"] = _reshape
+
+
+def _axes_from(ctx, n, a, pos: int, attr: str = "axes"):
+    if attr in a:
+        return list(a[attr])
+    if len(n.input) > pos and n.input[pos]:
+        return ctx.ints(n.input[pos], attr)
+    return None
+
+
+def _squeeze(op):
+    def lower(ctx, n, a):
+        axes = _axes_from(ctx, n, a, 1)
+        ctx.emit(op, [n.input[0]], {"axes": axes}, n.output[0])
+    return lower
+
+
+LOWER["Squeeze"] = _squeeze("Squeeze")
+LOWER["Unsqueeze"] = _squeeze("Unsqueeze")
+
+
+def _reduce(op):
+    def lower(ctx, n, a):
+        axes = _axes_from(ctx, n, a, 1)
+        if axes == [] or (axes is None and a.get("noop_with_empty_axes", 0)):
+            if a.get("noop_with_empty_axes", 0):
+                ctx.emit("Identity", [n.input[0]], {}, n.output[0])
+                return
+            axes = None
+        ctx.emit(op, [n.input[0]], {"axes": axes, "keepdims": a.get("keepdims", 1)}, n.output[0])
+    return lower
+
+
+for _op in ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd"]:
+    LOWER[_op] = _reduce(_op)
+
+
+def _reduce_sum_square(ctx, n, a):
+    sq = ctx.emit("Mul", [n.input[0], n.input[0]])
+    LOWER["ReduceSum"](ctx, _Fake([sq] + list(n.input[1:]), n.output), a)
+
+
+LOWER["ReduceSumSquare"] = _reduce_sum_square
+
+
+def _slice(ctx, n, a):
+    if ctx.opset < 10:
+        starts, ends, axes, steps = a["starts"], a["ends"], a.get("axes"), None
+    else:
+        starts = ctx.ints(n.input[1], "Slice starts")
+        ends = ctx.ints(n.input[2], "Slice ends")
+        axes = ctx.ints(n.input[3], "Slice axes") if len(n.input) > 3 and n.input[3] else None
+        steps = ctx.ints(n.input[4], "Slice steps") if len(n.input) > 4 and n.input[4] else None
+    clamp = lambda v: max(min(v, 2**62), -(2**62))  # noqa: E731 - INT64_MAX sentinels
+    ctx.emit("Slice", [n.input[0]], {"starts": [clamp(s) for s in starts], "ends": [clamp(e) for e in ends],
+                                     "axes": axes, "steps": steps}, n.output[0])
+
+
+LOWER["Slice"] = _slice
+
+
+def _split(ctx, n, a):
+    x = n.input[0]
+    axis = a.get("axis", 0)
+    sizes = a.get("split")
+    if sizes is None and len(n.input) > 1 and n.input[1]:
+        sizes = ctx.ints(n.input[1], "Split sizes")
+    t = ctx.types.get(x)
+    if sizes is None:
+        if t is None or t[1] is None or not isinstance(t[1][axis], int):
+            raise Unsupported("Split into equal parts of a dim unknown at import time")
+        dim, k = t[1][axis], len(n.output)
+        part = -(-dim // k)
+        sizes = [min(part, dim - i * part) for i in range(k)]
+    start = 0
+    for out, size in zip(n.output, sizes):
+        if out:
+            ctx.emit("Slice", [x], {"starts": [start], "ends": [start + size], "axes": [axis]}, out)
+        start += size
+
+
+LOWER["Split"] = _split
+
+
+def _pad(ctx, n, a):
+    mode = a.get("mode", "constant")
+    if ctx.opset < 11:
+        pads = a.get("pads", a.get("paddings"))
+        value = a.get("value", 0.0)
+        axes = None
+    else:
+        pads = ctx.ints(n.input[1], "Pad pads")
+        value = 0.0
+        if len(n.input) > 2 and n.input[2]:
+            v = ctx.value(n.input[2])
+            if v is None:
+                raise Unsupported("Pad with a run-time constant_value")
+            value = float(np.asarray(v).reshape(()))
+        axes = ctx.ints(n.input[3], "Pad axes") if len(n.input) > 3 and n.input[3] else None
+    if axes is not None:
+        r = ctx.rank(n.input[0])
+        if r is None:
+            raise Unsupported("Pad with axes on an input of unknown rank")
+        full = [0] * (2 * r)
+        for i, ax in enumerate(axes):
+            full[ax % r], full[ax % r + r] = pads[i], pads[i + len(axes)]
+        pads = full
+    if mode not in ("constant", "reflect", "edge"):
+        raise Unsupported(f"Pad mode {mode!r}")
+    ctx.emit("Pad", [n.input[0]], {"pads": pads, "mode": mode, "value": value}, n.output[0])
+
+
+LOWER["Pad"] = _pad
+
+
+def _shape_op(ctx, n, a):
+    if "start" in a or "end" in a:
+        s = ctx.emit("Shape", [n.input[0]])
+        ctx.emit("Slice", [s], {"starts": [a.get("start", 0)], "ends": [a.get("end", 2**62)]}, n.output[0])
+    else:
+        ctx.emit("Shape", [n.input[0]], {}, n.output[0])
+
+
+LOWER["Shape"] = _shape_op
+
+
+def _shape_arg_op(op, attr):
+    def lower(ctx, n, a):
+        v = ctx.value(n.input[1])
+        if v is not None:
+            ctx.emit(op, [n.input[0]], {attr: [int(x) for x in v.reshape(-1)]}, n.output[0])
+        else:
+            ctx.emit(op, [n.input[0], n.input[1]], {}, n.output[0])
+    return lower
+
+
+LOWER["Expand"] = _shape_arg_op("Expand", "shape")
+LOWER["Tile"] = _shape_arg_op("Tile", "repeats")
+
+
+def _constant_of_shape(ctx, n, a):
+    t = a.get("value")
+    val = numpy_helper.to_array(t) if t is not None else np.zeros(1, np.float32)
+    dt = _DTYPES.get(t.data_type, "f32") if t is not None else "f32"
+    v = ctx.value(n.input[0])
+    attrs = {"value": float(val.reshape(-1)[0]), "dtype": dt}
+    if v is not None:
+        ctx.emit("ConstantOfShape", [], {**attrs, "shape": [int(x) for x in v.reshape(-1)]}, n.output[0])
+    else:
+        ctx.emit("ConstantOfShape", [n.input[0]], attrs, n.output[0])
+
+
+LOWER["ConstantOfShape"] = _constant_of_shape
+
+
+def _cumsum(ctx, n, a):
+    axis = ctx.ints(n.input[1], "CumSum axis")[0]
+    ctx.emit("CumSum", [n.input[0]], {"axis": axis, "exclusive": a.get("exclusive", 0), "reverse": a.get("reverse", 0)},
+             n.output[0])
+
+
+LOWER["CumSum"] = _cumsum
+
+
+def _auto_pad(ctx, n, a, kernel):
+    mode = a.get("auto_pad", "NOTSET")
+    if mode in ("NOTSET", "VALID"):
+        return a.get("pads") if mode == "NOTSET" else [0] * (2 * len(kernel))
+    t = ctx.types.get(n.input[0])
+    if t is None or not all(isinstance(d, int) for d in t[1][2:]):
+        raise Unsupported(f"auto_pad={mode} on an input whose spatial dims are unknown at import time")
+    strides = a.get("strides") or [1] * len(kernel)
+    dil = a.get("dilations") or [1] * len(kernel)
+    begin, end = [], []
+    for d, k, s, dl in zip(t[1][2:], kernel, strides, dil):
+        out = -(-d // s)
+        total = max(0, (out - 1) * s + (k - 1) * dl + 1 - d)
+        small, big = total // 2, total - total // 2
+        begin.append(big if mode == "SAME_LOWER" else small)
+        end.append(small if mode == "SAME_LOWER" else big)
+    return begin + end
+
+
+def _conv(op):
+    def lower(ctx, n, a):
+        w = ctx.value(n.input[1])
+        kernel = a.get("kernel_shape") or (list(w.shape[2:]) if w is not None else None)
+        if kernel is None:
+            raise Unsupported(f"{op} with a run-time weight and no kernel_shape")
+        if a.get("output_shape"):
+            raise Unsupported("ConvTranspose output_shape")
+        attrs = {k: a[k] for k in ("strides", "dilations", "group", "output_padding") if k in a}
+        if op == "Conv":
+            attrs.pop("output_padding", None)
+        pads = _auto_pad(ctx, n, a, kernel)
+        if pads is not None:
+            attrs["pads"] = list(pads)
+        ctx.emit(op, [i for i in n.input if i], attrs, n.output[0])
+    return lower
+
+
+LOWER["Conv"] = _conv("Conv")
+LOWER["ConvTranspose"] = _conv("ConvTranspose")
+
+
+def _pool(op):
+    def lower(ctx, n, a):
+        if len(n.output) > 1 and n.output[1]:
+            raise Unsupported(f"{op} indices output")
+        if a.get("storage_order", 0):
+            raise Unsupported(f"{op} storage_order=1")
+        kernel = a["kernel_shape"]
+        attrs = {"kernel_shape": kernel, "ceil_mode": a.get("ceil_mode", 0)}
+        if a.get("strides"):
+            attrs["strides"] = a["strides"]
+        pads = _auto_pad(ctx, n, a, kernel)
+        if pads is not None:
+            attrs["pads"] = list(pads)
+        if op == "MaxPool" and a.get("dilations"):
+            attrs["dilations"] = a["dilations"]
+        if op == "AveragePool":
+            if a.get("dilations") and any(d != 1 for d in a["dilations"]):
+                raise Unsupported("AveragePool with dilations")
+            attrs["count_include_pad"] = a.get("count_include_pad", 0)
+        ctx.emit(op, [n.input[0]], attrs, n.output[0])
+    return lower
+
+
+LOWER["MaxPool"] = _pool("MaxPool")
+LOWER["AveragePool"] = _pool("AveragePool")
+
+
+def _global_max_pool(ctx, n, a):
+    r = ctx.rank(n.input[0])
+    if r is None:
+        raise Unsupported("GlobalMaxPool on an input of unknown rank")
+    ctx.emit("ReduceMax", [n.input[0]], {"axes": list(range(2, r)), "keepdims": 1}, n.output[0])
+
+
+LOWER["GlobalMaxPool"] = _global_max_pool
+
+
+def _batchnorm(ctx, n, a):
+    if any(o for o in n.output[1:]):
+        raise Unsupported("BatchNormalization training outputs")
+    ctx.emit("BatchNormalization", list(n.input[:5]), {"epsilon": a.get("epsilon", 1e-5)}, n.output[0])
+
+
+LOWER["BatchNormalization"] = _batchnorm
+
+
+def _instancenorm(ctx, n, a):
+    s = ctx.value(n.input[1])
+    c = s.shape[0] if s is not None else None
+    t = ctx.types.get(n.input[0])
+    if c is None and t is not None and isinstance(t[1][1], int):
+        c = t[1][1]
+    if c is None:
+        raise Unsupported("InstanceNormalization with an unknown channel count")
+    ctx.emit("GroupNorm", list(n.input[:3]), {"num_groups": int(c), "epsilon": a.get("epsilon", 1e-5)}, n.output[0])
+
+
+LOWER["InstanceNormalization"] = _instancenorm
+
+
+def _layernorm(ctx, n, a):
+    if any(o for o in n.output[1:]):
+        raise Unsupported("LayerNormalization mean/inv-std outputs")
+    ctx.emit("LayerNorm", [i for i in n.input if i], {"axis": a.get("axis", -1), "epsilon": a.get("epsilon", 1e-5)},
+             n.output[0])
+
+
+LOWER["LayerNormalization"] = _layernorm
+
+
+def _rmsnorm(ctx, n, a):
+    ctx.emit("RMSNorm", list(n.input[:2]), {"axis": a.get("axis", -1), "epsilon": a.get("epsilon", 1e-5)},
+             n.output[0])
+
+
+LOWER["RMSNormalization"] = _rmsnorm
+
+
+def _lrn(ctx, n, a):
+    x = n.input[0]
+    if ctx.rank(x) != 4:
+        raise Unsupported("LRN on a non-4-D input")
+    size = a["size"]
+    dt = _np(ctx, x)
+    sq = ctx.emit("Mul", [x, x])
+    sq5 = ctx.emit("Unsqueeze", [sq], {"axes": [1]})
+    lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
+    mean = ctx.emit("AveragePool", [sq5], {"kernel_shape": [size, 1, 1], "pads": [lo, 0, 0, hi, 0, 0],
+                                           "count_include_pad": 1})
+    ssum = ctx.emit("Squeeze", [mean], {"axes": [1]})  # mean over `size` = sum / size
+    base = ctx.emit("Add", [ctx.const(np.array(a.get("bias", 1.0), dt)),
+                            ctx.emit("Mul", [ssum, ctx.const(np.array(a.get("alpha", 1e-4), dt))])])
+    ctx.emit("Div", [x, ctx.emit("Pow", [base, ctx.const(np.array(a.get("beta", 0.75), dt))])], {}, n.output[0])
+
+
+LOWER["LRN"] = _lrn
+
+
+def _lp_norm(ctx, n, a):
+    x, p, axis = n.input[0], a.get("p", 2), a.get("axis", -1)
+    if p == 2:
+        norm = ctx.emit("Sqrt", [ctx.emit("ReduceSum", [ctx.emit("Mul", [x, x])], {"axes": [axis]})])
+    elif p == 1:
+        norm = ctx.emit("ReduceSum", [ctx.emit("Abs", [x])], {"axes": [axis]})
+    else:
+        raise Unsupported(f"LpNormalization p={p}")
+    ctx.emit("Div", [x, norm], {}, n.output[0])
+
+
+LOWER["LpNormalization"] = _lp_norm
+
+
+def _constant(ctx, n, a):
+    if "value" in a:
+        arr = numpy_helper.to_array(a["value"])
+    elif "value_float" in a:
+        arr = np.array(a["value_float"], np.float32)
+    elif "value_floats" in a:
+        arr = np.array(a["value_floats"], np.float32)
+    elif "value_int" in a:
+        arr = np.array(a["value_int"], np.int64)
+    elif "value_ints" in a:
+        arr = np.array(a["value_ints"], np.int64)
+    else:
+        raise Unsupported("Constant with a sparse or string value")
+    ctx.consts[n.output[0]] = np.array(arr, order="C")
+    ctx.names.add(n.output[0])
+
+
+LOWER["Constant"] = _constant
+
+
+# ----------------------------------------------------------------------------------------- driver
+
+
+def _value_type(vi) -> tuple[str, tuple] | None:
+    tt = vi.type.tensor_type
+    dt = _DTYPES.get(tt.elem_type)
+    if dt is None or not tt.HasField("shape"):
+        return (dt, None) if dt else None
+    dims = []
+    for i, d in enumerate(tt.shape.dim):
+        if d.HasField("dim_value"):
+            dims.append(int(d.dim_value))
+        elif d.dim_param:
+            dims.append(d.dim_param)
+        else:
+            dims.append(f"{vi.name}:d{i}")
+    return dt, tuple(dims)
+
+
+def import_onnx(path: str | os.PathLike) -> tuple[Graph, WeightSet]:
+    """Load an ONNX model as an rlx Graph plus its initializers (params with weights)."""
+    if onnx is None:
+        raise RlxError("ONNX import needs the onnx package: pip install 'rlx[onnx]'")
+    path = Path(path)
+    if not path.is_file():
+        raise RlxError(f"{path}: no such ONNX file")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # noqa: BLE001 - protobuf raises several types
+        raise RlxError(f"{path}: not a valid ONNX model ({type(e).__name__}: {e})") from None
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - inference is only a helper for ranks
+        inferred = model
+    ctx = _Ctx(model, path.parent)
+    g = model.graph
+    for vi in list(inferred.graph.value_info) + list(g.input) + list(g.output):
+        t = _value_type(vi)
+        if t is not None:
+            ctx.types[vi.name] = t
+    for t in g.initializer:
+        ctx.inits[t.name] = ctx.tensor(t)
+        ctx.init_dtype[t.name] = _DTYPES.get(t.data_type, "?")
+        ctx.names.add(t.name)
+    init_names = set(ctx.inits)
+    inputs = []
+    for vi in g.input:
+        if vi.name in init_names:
+            continue
+        t = _value_type(vi)
+        if t is None or t[1] is None:
+            raise RlxError(f"{path}: graph input {vi.name!r} has an unsupported type or no shape")
+        inputs.append(Value(vi.name, t[0], t[1]))
+        ctx.names.add(vi.name)
+    unsupported: Counter = Counter()
+    where: dict[str, list[str]] = {}
+    for i, n in enumerate(g.node):
+        if n.domain not in ("", "ai.onnx"):
+            key = f"{n.domain}.{n.op_type}"
+        else:
+            key = n.op_type
+        label = n.name or (n.output[0] if n.output else f"#{i}")
+        lower = LOWER.get(n.op_type) if n.domain in ("", "ai.onnx") else None
+        if lower is None:
+            unsupported[key] += 1
+            where.setdefault(key, []).append(label)
+            continue
+        try:
+            lower(ctx, n, _attrs(n))
+        except Unsupported as e:
+            key = f"{n.op_type} ({e})"
+            unsupported[key] += 1
+            where.setdefault(key, []).append(label)
+        except KeyError as e:
+            key = f"{n.op_type} (missing attribute {e})"
+            unsupported[key] += 1
+            where.setdefault(key, []).append(label)
+    if unsupported:
+        lines = [f"  {op}: {count} node(s), e.g. {', '.join(where[op][:5])}" for op, count in unsupported.most_common()]
+        raise RlxError(f"{path}: {sum(unsupported.values())} node(s) use ops rlx does not support:\n"
+                       + "\n".join(lines) + "\nsupported ONNX ops: " + ", ".join(sorted(LOWER)))
+    used = {i for n in ctx.nodes for i in n.inputs} | {o.name for o in g.output}
+    weights = WeightSet()
+    weights.sources.append(str(path))
+    params = []
+    for name, arr in ctx.inits.items():
+        if name not in used:
+            continue
+        dt = ctx.init_dtype[name]
+        if dt == "?":
+            raise RlxError(f"{path}: initializer {name!r} has an unsupported data type")
+        params.append(Value(name, dt, tuple(arr.shape)))
+        weights[name] = arr
+        weights.dtypes[name] = dt
+    consts = []
+    for name, arr in ctx.consts.items():
+        if name not in used:
+            continue
+        from rlx_format.dtypes import dtype_of_array
+        dt = dtype_of_array(arr)
+        consts.append(Value(name, dt, tuple(arr.shape), arr))
+    outputs = [o.name for o in g.output]
+    graph = Graph(g.name or path.stem, inputs, params, consts, ctx.nodes, outputs)
+    return graph, weights

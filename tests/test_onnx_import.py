@@ -1,0 +1,234 @@
+"""ONNX import: the backend test data the onnx package ships, lowering forms vs onnxruntime, errors, CLI."""
+
+import glob
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto, helper, numpy_helper
+
+from rlx_bake import BakeOptions, bake
+from rlx_bake.cli import main
+from rlx_bake.onnx import import_onnx
+from rlx_format import RlxError, read_rlx
+from rlx_runtime import Session
+
+DATA = Path(onnx.__file__).parent / "backend" / "test" / "data"
+CASES = sorted(glob.glob(str(DATA / "pytorch-converted" / "*")) + glob.glob(str(DATA / "pytorch-operator" / "*")))
+
+
+def _load_pb(pattern):
+    return [numpy_helper.to_array(onnx.load_tensor(f)) for f in sorted(glob.glob(pattern))]
+
+
+def test_case_count():
+    assert len(CASES) == 117
+
+
+@pytest.mark.parametrize("case", CASES, ids=[os.path.basename(c) for c in CASES])
+def test_backend_case(case):
+    graph, weights = import_onnx(os.path.join(case, "model.onnx"))
+    rf, _ = bake(graph, weights, BakeOptions.from_profile("exact"))
+    compiled = Session().compile(rf)
+    for ds in sorted(glob.glob(os.path.join(case, "test_data_set_*"))):
+        feeds = dict(zip(graph.input_names, _load_pb(os.path.join(ds, "input_*.pb")), strict=True))
+        out = compiled.run(feeds)
+        for name, ref in zip(graph.outputs, _load_pb(os.path.join(ds, "output_*.pb")), strict=True):
+            np.testing.assert_allclose(out[name], ref, rtol=1e-3, atol=1e-6)
+    # parity with onnxruntime on seeded random inputs of the same shapes
+    try:
+        sess = ort.InferenceSession(os.path.join(case, "model.onnx"), providers=["CPUExecutionProvider"])
+    except Exception:  # noqa: BLE001 - onnxruntime dropped kernels for opsets < 7: upgrade the model for it
+        from onnx import version_converter
+        upgraded = version_converter.convert_version(onnx.load(os.path.join(case, "model.onnx")), 13)
+        sess = ort.InferenceSession(upgraded.SerializeToString(), providers=["CPUExecutionProvider"])
+    r = np.random.default_rng(0)
+    feeds = {}
+    for name, ref in zip(graph.input_names, _load_pb(os.path.join(case, "test_data_set_0", "input_*.pb"))):
+        feeds[name] = (r.standard_normal(ref.shape).astype(ref.dtype) if ref.dtype.kind == "f"
+                       else r.integers(0, max(int(ref.max()), 1), ref.shape).astype(ref.dtype))
+    ours = compiled.run(feeds)
+    try:
+        refs = sess.run(None, feeds)
+    except Exception as e:  # noqa: BLE001 - the version converter keeps opset-6 PRelu's slope shape
+        pytest.skip(f"onnxruntime cannot run this model after upgrading it from opset 6: {str(e)[:120]}")
+    for name, ref in zip(graph.outputs, refs, strict=True):
+        np.testing.assert_allclose(ours[name], ref, rtol=1e-3, atol=1e-5)
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=17):
+    g = helper.make_graph(nodes, "m", inputs, outputs, initializer=list(inits))
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    return m
+
+
+def _vi(name, shape, t=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, t, shape)
+
+
+def _compare(tmp_path, model, feeds, profile="exact", rtol=1e-5, atol=1e-5):
+    p = tmp_path / "m.onnx"
+    onnx.save(model, p)
+    graph, weights = import_onnx(p)
+    rf, _ = bake(graph, weights, BakeOptions.from_profile(profile))
+    ours = Session().compile(rf).run(feeds)
+    ref = ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for name, r in zip(graph.outputs, ref, strict=True):
+        np.testing.assert_allclose(ours[name], r, rtol=rtol, atol=atol)
+    return graph
+
+
+R = np.random.default_rng(1)
+X = R.standard_normal((2, 6, 5, 4)).astype(np.float32)
+
+
+@pytest.mark.parametrize("ta,tb,alpha,beta,bias", [(0, 0, 1.0, 1.0, True), (1, 0, 0.5, 2.0, True),
+                                                   (0, 1, 1.0, 1.0, False), (1, 1, 2.0, 0.25, True)])
+def test_gemm(tmp_path, ta, tb, alpha, beta, bias):
+    a = R.standard_normal((3, 4) if not ta else (4, 3)).astype(np.float32)
+    w = R.standard_normal((4, 5) if not tb else (5, 4)).astype(np.float32)
+    c = R.standard_normal((5,)).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "w")] + ([numpy_helper.from_array(c, "c")] if bias else [])
+    node = helper.make_node("Gemm", ["a", "w"] + (["c"] if bias else []), ["y"], transA=ta, transB=tb, alpha=alpha,
+                            beta=beta)
+    _compare(tmp_path, _model([node], [_vi("a", list(a.shape))], [_vi("y", None)], inits), {"a": a})
+
+
+@pytest.mark.parametrize("opset,form", [(11, "attr"), (13, "input"), (18, "equal")])
+def test_split(tmp_path, opset, form):
+    x = X.reshape(2, 6, 20)
+    if form == "attr":
+        node, inits = helper.make_node("Split", ["x"], ["a", "b"], axis=1, split=[2, 4]), []
+    elif form == "input":
+        node = helper.make_node("Split", ["x", "s"], ["a", "b"], axis=1)
+        inits = [numpy_helper.from_array(np.array([2, 4], np.int64), "s")]
+    else:
+        node, inits = helper.make_node("Split", ["x"], ["a", "b"], axis=2, num_outputs=2), []
+    _compare(tmp_path, _model([node], [_vi("x", [2, 6, 20])], [_vi("a", None), _vi("b", None)], inits, opset),
+             {"x": x})
+
+
+def test_composites(tmp_path):
+    slope = np.abs(R.standard_normal((6, 1, 1))).astype(np.float32)
+    nodes = [
+        helper.make_node("PRelu", ["x", "slope"], ["p"]),
+        helper.make_node("LRN", ["x"], ["l"], size=3, alpha=1e-3, beta=0.75, bias=2.0),
+        helper.make_node("Sum", ["x", "p", "l"], ["s"]),
+        helper.make_node("Mean", ["x", "p"], ["m"]),
+        helper.make_node("Dropout", ["m"], ["d"]),
+        helper.make_node("HardSigmoid", ["d"], ["h"], alpha=0.3, beta=0.4),
+        helper.make_node("Softmax", ["h"], ["sm"], axis=1),
+        helper.make_node("LpNormalization", ["s"], ["lp"], axis=1, p=2),
+        helper.make_node("LpNormalization", ["s"], ["lp1"], axis=-1, p=1),
+    ]
+    outs = [_vi(n, None) for n in ("sm", "lp", "lp1")]
+    _compare(tmp_path, _model(nodes, [_vi("x", list(X.shape))], outs, [numpy_helper.from_array(slope, "slope")], 13),
+             {"x": X})
+
+
+@pytest.mark.parametrize("opset", [10, 13, 18])
+def test_opset_forms(tmp_path, opset):
+    """Reshape/Slice/Pad/Squeeze/Unsqueeze/ReduceSum/ReduceMean/Clip in their per-opset attr or input forms."""
+    ints = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    inits = [ints("shape", [0, -1]), ints("st", [1]), ints("en", [100]), ints("ax", [1]), ints("pads", [0, 1, 0, 2]),
+             ints("sq", [0]), ints("rax", [1]), numpy_helper.from_array(np.array(-0.5, np.float32), "lo"),
+             numpy_helper.from_array(np.array(0.5, np.float32), "hi")]
+    new = opset >= 13
+    red18 = opset >= 18
+    nodes = [
+        helper.make_node("Reshape", ["x", "shape"], ["r"]),
+        helper.make_node("Slice", ["r", "st", "en", "ax"], ["s"]) if opset >= 10 else None,
+        helper.make_node("Pad", ["s", "pads"], ["p"], mode="reflect") if opset >= 11 else
+        helper.make_node("Pad", ["s"], ["p"], mode="reflect", pads=[0, 1, 0, 2]),
+        helper.make_node("Unsqueeze", ["p", "sq"], ["u"]) if new else helper.make_node("Unsqueeze", ["p"], ["u"],
+                                                                                       axes=[0]),
+        helper.make_node("Squeeze", ["u", "sq"], ["q"]) if new else helper.make_node("Squeeze", ["u"], ["q"], axes=[0]),
+        helper.make_node("ReduceSum", ["q", "rax"], ["rs"], keepdims=1) if new else
+        helper.make_node("ReduceSum", ["q"], ["rs"], axes=[1], keepdims=1),
+        helper.make_node("ReduceMean", ["q", "rax"], ["rm"], keepdims=0) if red18 else
+        helper.make_node("ReduceMean", ["q"], ["rm"], axes=[1], keepdims=0),
+        helper.make_node("Clip", ["rs", "lo", "hi"], ["c"]) if opset >= 11 else
+        helper.make_node("Clip", ["rs"], ["c"], min=-0.5, max=0.5),
+    ]
+    nodes = [n for n in nodes if n is not None]
+    _compare(tmp_path, _model(nodes, [_vi("x", [2, 6, 5, 4])], [_vi("c", None), _vi("rm", None)], inits, opset),
+             {"x": X})
+
+
+def test_softmin_lowering(tmp_path):
+    # Softmin is PyTorch's name (exported as Neg + Softmax); rlx also accepts it as a node
+    m = _model([helper.make_node("Softmin", ["x"], ["y"], axis=1)], [_vi("x", list(X.shape))], [_vi("y", None)])
+    p = tmp_path / "sm.onnx"
+    onnx.save(m, p)
+    graph, ws = import_onnx(p)
+    out = Session().compile(graph).run({"x": X})["y"]
+    e = np.exp(-X - (-X).max(1, keepdims=True))
+    np.testing.assert_allclose(out, e / e.sum(1, keepdims=True), rtol=1e-6)
+
+
+def test_dim_param_and_constant_nodes(tmp_path):
+    w = R.standard_normal((4, 3)).astype(np.float32)
+    nodes = [helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(np.array(2.0, np.float32))),
+             helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Mul", ["m", "k"], ["y"])]
+    m = _model(nodes, [_vi("x", ["batch", 4])], [_vi("y", ["batch", 3])], [numpy_helper.from_array(w, "w")])
+    g = _compare(tmp_path, m, {"x": R.standard_normal((5, 4)).astype(np.float32)})
+    assert g.inputs[0].shape == ("batch", 4) and g.param_names == ["w"] and len(g.constants) == 1
+
+
+def test_unsupported_ops_listed_together(tmp_path):
+    nodes = [helper.make_node("Resize", ["x", "", "sc"], ["a"]), helper.make_node("Resize", ["a", "", "sc"], ["b"]),
+             helper.make_node("Einsum", ["b"], ["c"], equation="ij->ji"), helper.make_node("Relu", ["c"], ["y"])]
+    m = _model(nodes, [_vi("x", [2, 2])], [_vi("y", None)], [numpy_helper.from_array(np.ones(2, np.float32), "sc")])
+    p = tmp_path / "u.onnx"
+    onnx.save(m, p)
+    with pytest.raises(RlxError) as e:
+        import_onnx(p)
+    msg = str(e.value)
+    assert "3 node(s) use ops rlx does not support" in msg
+    assert "Resize: 2 node(s), e.g. a, b" in msg and "Einsum: 1 node(s), e.g. c" in msg
+
+
+def test_external_data_is_memory_mapped(tmp_path):
+    w = R.standard_normal((64, 32)).astype(np.float32)
+    m = _model([helper.make_node("MatMul", ["x", "w"], ["y"])], [_vi("x", [1, 64])], [_vi("y", None)],
+               [numpy_helper.from_array(w, "w")])
+    p = tmp_path / "ext.onnx"
+    onnx.save(m, p, save_as_external_data=True, all_tensors_to_one_file=True, location="ext.data",
+              size_threshold=0)
+    graph, ws = import_onnx(p)
+    assert not ws["w"].flags.owndata and not ws["w"].flags.writeable  # a view of the mapped file
+    np.testing.assert_array_equal(ws["w"], w)
+    x = R.standard_normal((1, 64)).astype(np.float32)
+    rf, _ = bake(graph, ws)
+    np.testing.assert_allclose(Session().compile(rf).run({"x": x})["y"], x @ w, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_onnx_files(tmp_path):
+    with pytest.raises(RlxError, match="no such ONNX file"):
+        import_onnx(tmp_path / "none.onnx")
+    (tmp_path / "bad.onnx").write_bytes(b"\x08\x99garbage")
+    with pytest.raises(RlxError, match="not a valid ONNX model"):
+        import_onnx(tmp_path / "bad.onnx")
+
+
+def test_cli_bakes_onnx_directly_and_imports_to_bundle(tmp_path):
+    model = os.path.join(DATA, "pytorch-converted", "test_Conv2d", "model.onnx")
+    runner = CliRunner()
+    for flags in ([], ["--opt", "size"], ["--password-env", "PW", "--kdf", "fast"]):
+        out = tmp_path / f"m{len(flags)}.rlx"
+        r = runner.invoke(main, [model, "-o", str(out), *flags], env={"PW": "pw"})
+        assert r.exit_code == 0, r.output
+        assert read_rlx(out, password="pw" if flags and flags[0] == "--password-env" else None).graph.nodes
+    bundle = tmp_path / "bundle"
+    r = runner.invoke(main, ["import-onnx", model, "-o", str(bundle)])
+    assert r.exit_code == 0, r.output
+    assert (bundle / "graph.json").is_file() and (bundle / "weights.safetensors").is_file()
+    r = runner.invoke(main, [str(bundle), "-o", str(tmp_path / "b.rlx")])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(main, ["import-onnx", str(tmp_path / "none.onnx"), "-o", str(bundle)])
+    assert r.exit_code == 1 and "no such ONNX file" in r.output
