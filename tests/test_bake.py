@@ -247,7 +247,7 @@ def test_load_graph_errors(tmp_path):
     with pytest.raises(RlxError, match="directory has no graph.json"):
         load_graph(tmp_path)
     (tmp_path / "m.onnx").write_bytes(b"x")
-    with pytest.raises(RlxError, match="ONNX import is not available"):
+    with pytest.raises(RlxError, match="not a valid ONNX model"):
         load_graph(tmp_path / "m.onnx")
     (tmp_path / "graph.json").write_text(_mlp().to_json())
     (tmp_path / "w.safetensors").write_bytes(b"garbage")
