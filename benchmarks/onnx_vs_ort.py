@@ -66,7 +66,7 @@ def encoder(layers=2, seq=128, d=256, heads=4, ffn=1024):
     init("half", np.array(0.5, np.float32))
     h = "x"
     for i in range(layers):
-        def proj(name, src, n_in, n_out):
+        def proj(name, src, n_in, n_out, i=i):
             mm = node("MatMul", [src, init(f"{name}_w{i}", _w(n_in, n_out))], f"{name}_mm{i}")
             return node("Add", [mm, init(f"{name}_b{i}", _w(n_out, scale=0.02))], f"{name}{i}")
 

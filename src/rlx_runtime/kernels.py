@@ -47,6 +47,13 @@ def special(xp):
 # ------------------------------------------------------------------ elementwise
 
 
+def _erf(xp, x):
+    if xp is np:
+        from .ufuncs import erf
+        return erf(x)
+    return special(xp).erf(x)  # pragma: no cover - GPU only
+
+
 def _unary(name: str, fn):
     KERNELS[name] = lambda xp, a, x: fn(xp, x)
 
@@ -68,7 +75,7 @@ _unary("Relu", lambda xp, x: xp.maximum(x, x.dtype.type(0)))
 _unary("Silu", lambda xp, x: x * special(xp).expit(x))
 _unary("Softplus", lambda xp, x: xp.logaddexp(x.dtype.type(0), x))
 _unary("Softsign", lambda xp, x: x / (x.dtype.type(1) + xp.abs(x)))
-_unary("Erf", lambda xp, x: special(xp).erf(x))
+_unary("Erf", lambda xp, x: _erf(xp, x))
 _unary("Floor", lambda xp, x: xp.floor(x))
 _unary("Ceil", lambda xp, x: xp.ceil(x))
 _unary("Round", lambda xp, x: xp.round(x))  # half to even
@@ -99,7 +106,10 @@ def _gelu(xp, a, x):
     if a["approximate"] == "tanh":
         inner = t(math.sqrt(2.0 / math.pi)) * (x + t(0.044715) * x * x * x)
         return t(0.5) * x * (t(1) + xp.tanh(inner))
-    return t(0.5) * x * (t(1) + special(xp).erf(x * t(1 / math.sqrt(2.0))))
+    if xp is np:
+        from .ufuncs import gelu_erf
+        return gelu_erf(x)
+    return t(0.5) * x * (t(1) + special(xp).erf(x / t(math.sqrt(2.0))))  # pragma: no cover - GPU only
 
 
 @kernel("Clip")

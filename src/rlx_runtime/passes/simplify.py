@@ -1,4 +1,5 @@
-"""Algebraic simplification: x+0, x-0, x*1, x/1, Identity, same-shape Reshape, Transpose pairs.
+"""Algebraic simplification: x+0, x-0, x*1, x/1, Identity, same-shape Reshape, Transpose pairs,
+then the exact-equivalent fusions of fuse.py (GELU written as Div/Erf/Add/Mul/Mul).
 
 A rewrite only happens when the result keeps x's exact shape and dtype (a broadcasting `x + 0`
 that widens x stays). Nodes that are graph outputs keep their names, so they are left alone.
@@ -58,4 +59,5 @@ def simplify(graph: Graph, report=None) -> Graph:
             changed += 1
     if report is not None:
         report.simplified += changed
-    return graph.validate()
+    from .fuse import fuse_gelu
+    return fuse_gelu(graph.validate(), report)

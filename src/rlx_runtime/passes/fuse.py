@@ -1,0 +1,67 @@
+"""Exact-equivalent fusions: op sequences that exporters emit, replaced by one catalogue op.
+
+GELU: Mul(Mul(x, Add(Erf(Div(x, √2)), 1)), 0.5) (operands of Add/Mul in either order) -> Gelu(x).
+Only fused when the constants are exactly f32(√2), 1 and 0.5 and the intermediates feed nothing
+else, so the fused kernel reproduces the same float32 steps.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from rlx_format.graph import Graph, Node
+
+_SQRT2 = np.float32(math.sqrt(2.0))
+
+
+def _scalar(graph: Graph, name: str, value) -> bool:
+    c = graph.constants.get(name)
+    return (c is not None and c.value is not None and c.value.size == 1 and c.dtype in ("f32", "f64")
+            and c.value.reshape(()) == value)
+
+
+def _other(node: Node, graph: Graph, value) -> str | None:
+    """For a binary node with one scalar-constant operand equal to `value`, the other operand."""
+    a, b = node.inputs
+    if _scalar(graph, b, value):
+        return a
+    if _scalar(graph, a, value):
+        return b
+    return None
+
+
+def fuse_gelu(graph: Graph, report=None) -> Graph:
+    nodes = graph.node_map()
+    users = graph.consumers()
+    outputs = set(graph.outputs)
+
+    def single(name: str, op: str) -> Node | None:
+        n = nodes.get(name)
+        ok = n is not None and n.op == op and len(users.get(name, [])) == 1 and name not in outputs
+        return n if ok else None
+
+    fused = 0
+    for m2 in graph.nodes:
+        if m2.op != "Mul":
+            continue
+        m1 = single(_other(m2, graph, 0.5) or "", "Mul")
+        if m1 is None:
+            continue
+        for x, add_name in ((m1.inputs[0], m1.inputs[1]), (m1.inputs[1], m1.inputs[0])):
+            add = single(add_name, "Add")
+            erf = single(_other(add, graph, 1.0) or "", "Erf") if add is not None else None
+            div = single(erf.inputs[0], "Div") if erf is not None else None
+            if div is not None and div.inputs[0] == x and _scalar(graph, div.inputs[1], _SQRT2):
+                if graph.types[x] != graph.types[m2.name] or graph.types[x].dtype not in ("f32", "f64"):
+                    continue
+                m2.op, m2.inputs, m2.attrs = "Gelu", [x], {"approximate": "none"}
+                fused += 1
+                break
+    if report is not None:
+        report.simplified += fused
+    if fused:
+        from .dce import dead_code_elimination
+        return dead_code_elimination(graph)
+    return graph
