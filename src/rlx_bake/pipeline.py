@@ -69,27 +69,21 @@ def bake(graph: Graph, weights: dict | None = None, options: BakeOptions | None 
     step("specialize")
     g = specialize(graph, bindings) if bindings else graph.copy()
     preport = PassReport()
-    if options.fold:
-        step("fold")
-        g = constant_fold(g, preport, options.fold_growth_limit, options.fold_min_bytes)
-        report.folds_refused = preport.fold_refused
-    if options.skip:
-        step("skip-zero")
-        g = skip_zero_matmuls(g, report)
-    if options.ternary:
-        step("ternary")
-        g = pack_ternary_weights(g, report)
     errors: dict = {}
-    if options.quant:
-        step("q8_0")
-        g = quantize_matmul_weights(g, report, errors)
-    if options.simplify:
-        step("simplify")
-        g = simplify(g, preport)
-    if options.dce:
-        step("dce")
-        g = dead_code_elimination(g, preport)
-        g = dedupe_constants(g, preport)
+    # the declared pipeline: (option flag, progress label, pass)
+    stages = [
+        ("fold", "fold", lambda g: constant_fold(g, preport, options.fold_growth_limit, options.fold_min_bytes)),
+        ("skip", "skip-zero", lambda g: skip_zero_matmuls(g, report)),
+        ("ternary", "ternary", lambda g: pack_ternary_weights(g, report)),
+        ("quant", "q8_0", lambda g: quantize_matmul_weights(g, report, errors)),
+        ("simplify", "simplify", lambda g: simplify(g, preport)),
+        ("dce", "dce", lambda g: dedupe_constants(dead_code_elimination(g, preport), preport)),
+    ]
+    for flag, label, run_pass in stages:
+        if getattr(options, flag):
+            step(label)
+            g = run_pass(g)
+    report.folds_refused = preport.fold_refused
     report.nodes_after = len(g.nodes)
     step("weight table")
     rf = RlxFile(g, {}, {})

@@ -68,15 +68,7 @@ def _split(graph: Graph, through_shape: bool) -> HoistSplit | None:
     if not boundary:
         return None
     nodes = graph.node_map()
-    # prepare: backward closure of the boundary through static nodes
-    need, stack = set(), list(boundary)
-    while stack:
-        v = stack.pop()
-        if v in need:
-            continue
-        need.add(v)
-        if v in nodes:
-            stack.extend(nodes[v].inputs)
+    need = _closure(nodes, boundary)  # prepare: everything the boundary tensors are computed from
     prep_nodes = [_clone(n) for n in graph.nodes if n.name in need]
     prep_params = [p for p in graph.params if p.name in need]
     prep_inputs = [_vcopy(v) for v in graph.inputs if v.name in need]  # read through Shape only
@@ -85,12 +77,7 @@ def _split(graph: Graph, through_shape: bool) -> HoistSplit | None:
     # per-boundary param dependencies
     deps: dict[str, list[str]] = {}
     for b in boundary:
-        seen, stack = set(), [b]
-        while stack:
-            v = stack.pop()
-            if v not in seen:
-                seen.add(v)
-                stack.extend(nodes[v].inputs if v in nodes else ())
+        seen = _closure(nodes, [b])
         deps[b] = [p.name for p in graph.params if p.name in seen]
     # main: dynamic nodes, boundary names replaced by fresh inputs
     taken = {v.name for v in graph.inputs + graph.params} | set(graph.constants) | set(nodes)
@@ -114,6 +101,18 @@ def _split(graph: Graph, through_shape: bool) -> HoistSplit | None:
                      [_vcopy(c) for k, c in graph.constants.items() if k in used], main_nodes, main_outputs)
     return HoistSplit(prepare, main, boundary, bmap, [p.name for p in prep_params],
                       [p.name for p in main_params], deps, list(graph.outputs))
+
+
+def _closure(nodes: dict[str, Node], roots: list[str]) -> set[str]:
+    """Every value the roots are computed from (themselves included); iterative, linear time."""
+    seen: set[str] = set()
+    stack = list(roots)
+    while stack:
+        v = stack.pop()
+        if v not in seen:
+            seen.add(v)
+            stack.extend(nodes[v].inputs if v in nodes else ())
+    return seen
 
 
 def _clone(n: Node) -> Node:
@@ -224,13 +223,7 @@ class HoistedGraph:
 
 def _restrict(prepare: Graph, output: str) -> Graph:
     """The part of `prepare` that computes one boundary tensor."""
-    nodes = prepare.node_map()
-    need, stack = set(), [output]
-    while stack:
-        v = stack.pop()
-        if v not in need:
-            need.add(v)
-            stack.extend(nodes[v].inputs if v in nodes else ())
+    need = _closure(prepare.node_map(), [output])
     return Graph(f"{prepare.name}[{output}]", [_vcopy(v) for v in prepare.inputs if v.name in need],
                  [_vcopy(p) for p in prepare.params if p.name in need],
                  [_vcopy(c) for k, c in prepare.constants.items() if k in need],

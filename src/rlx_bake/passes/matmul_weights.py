@@ -42,3 +42,20 @@ def rewrite_to_dequant(graph: Graph, weight: str, packed: np.ndarray, encoding: 
     if not other_uses(graph, weight):
         del graph.constants[weight]
     return pname
+
+
+def matmul_nodes_by_weight(graph: Graph) -> dict[str, list[Node]]:
+    """Weight name -> the MatMul nodes that use it as their constant right operand."""
+    by_weight: dict[str, list[Node]] = {}
+    for node, wname, _ in constant_matmul_weights(graph):
+        by_weight.setdefault(wname, []).append(node)
+    return by_weight
+
+
+def pack_matmul_weight(graph: Graph, report, weight: str, nodes: list[Node], packed: np.ndarray, encoding: str,
+                       suffix: str) -> None:
+    """Rewrite `nodes` to DequantMatMul on `packed`; note other uses that keep the dense weight."""
+    others = other_uses(graph, weight)
+    rewrite_to_dequant(graph, weight, packed, encoding, nodes, lambda s: s + suffix)
+    if others:
+        report.notes.append(f"weight {weight!r} is also used by {others}; those uses keep a dense copy")

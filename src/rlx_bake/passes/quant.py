@@ -8,15 +8,12 @@ from rlx_format.errors import RlxError
 from rlx_format.graph import Graph
 from rlx_format.quants import Q8_0_BLOCK, QuantError, dequantize_q8_0, quantize_q8_0
 
-from .matmul_weights import constant_matmul_weights, other_uses, rewrite_to_dequant
+from .matmul_weights import matmul_nodes_by_weight, pack_matmul_weight
 
 
 def quantize_matmul_weights(graph: Graph, report, errors: dict, packed_suffix: str = ".q8_0") -> Graph:
     """`errors` receives name -> (max_abs_err, cosine) for the report."""
-    by_weight: dict[str, list] = {}
-    for node, wname, _ in constant_matmul_weights(graph):
-        by_weight.setdefault(wname, []).append(node)
-    for wname, nodes in by_weight.items():
+    for wname, nodes in matmul_nodes_by_weight(graph).items():
         w = graph.constants[wname].value
         k = w.shape[0]
         if k % Q8_0_BLOCK:
@@ -32,9 +29,6 @@ def quantize_matmul_weights(graph: Graph, report, errors: dict, packed_suffix: s
         num = float(np.dot(back.ravel().astype(np.float64), wt.ravel().astype(np.float64)))
         den = float(np.linalg.norm(back.astype(np.float64)) * np.linalg.norm(wt.astype(np.float64)))
         errors[wname] = (diff, num / den if den else 1.0)
-        others = other_uses(graph, wname)
-        rewrite_to_dequant(graph, wname, packed, "gguf_q8_0", nodes, lambda s: s + packed_suffix)
+        pack_matmul_weight(graph, report, wname, nodes, packed, "gguf_q8_0", packed_suffix)
         report.quant.append(wname)
-        if others:
-            report.notes.append(f"weight {wname!r} is also used by {others}; those uses keep a dense copy")
     return graph.validate()

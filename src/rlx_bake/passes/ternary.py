@@ -7,14 +7,11 @@ import numpy as np
 from rlx_format.graph import Graph
 from rlx_format.quants import TQ2_0_BLOCK, is_lossless_ternary, quantize_tq2_0
 
-from .matmul_weights import constant_matmul_weights, other_uses, rewrite_to_dequant
+from .matmul_weights import matmul_nodes_by_weight, pack_matmul_weight
 
 
 def pack_ternary_weights(graph: Graph, report, packed_suffix: str = ".tq2_0") -> Graph:
-    by_weight: dict[str, list] = {}
-    for node, wname, _ in constant_matmul_weights(graph):
-        by_weight.setdefault(wname, []).append(node)
-    for wname, nodes in by_weight.items():
+    for wname, nodes in matmul_nodes_by_weight(graph).items():
         w = graph.constants[wname].value
         k = w.shape[0]
         if k % TQ2_0_BLOCK:
@@ -27,10 +24,6 @@ def pack_ternary_weights(graph: Graph, report, packed_suffix: str = ".tq2_0") ->
         wt = np.ascontiguousarray(w.T)  # DequantMatMul rows are output channels: (N, K)
         if not is_lossless_ternary(wt):
             continue
-        packed = quantize_tq2_0(wt)
-        others = other_uses(graph, wname)
-        rewrite_to_dequant(graph, wname, packed, "gguf_tq2_0", nodes, lambda s: s + packed_suffix)
+        pack_matmul_weight(graph, report, wname, nodes, quantize_tq2_0(wt), "gguf_tq2_0", packed_suffix)
         report.ternary.append(wname)
-        if others:
-            report.notes.append(f"weight {wname!r} is also used by {others}; those uses keep a dense copy")
     return graph.validate()
