@@ -146,3 +146,14 @@ def test_reductions_match_numpy(data, op):
     fn = {"ReduceSum": np.sum, "ReduceMax": np.max, "ReduceMin": np.min, "ReduceMean": np.mean}[op]
     ref = fn(x, axis=tuple(axes), keepdims=bool(keep))
     np.testing.assert_allclose(run_op(op, [x], {"axes": axes, "keepdims": keep}), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_in_place_elementwise_never_widens_a_buffer():
+    # a + b where both have symbolic leading dims that differ at run time (1 vs 3): out must be [3, 4]
+    g = GraphBuilder()
+    a = g.input("a", "f32", ["s1", 4])
+    b = g.input("b", "f32", ["s2", 4])
+    g.output(g.add(g.exp(a), b, name="y"))
+    c = Session().compile(g.build())
+    out = c.run({"a": np.zeros((1, 4), np.float32), "b": np.ones((3, 4), np.float32)})["y"]
+    np.testing.assert_array_equal(out, np.full((3, 4), 2.0))

@@ -22,6 +22,13 @@ _INPLACE_UNARY = {"Relu": None, "Exp": "exp", "Neg": "negative", "Abs": "absolut
                   "Sqrt": "sqrt", "Sin": "sin", "Cos": "cos"}
 
 
+def _fits(shape: tuple, out: tuple) -> bool:
+    """True if `shape` can never widen `out` when broadcast: each dim is 1 or the same as out's."""
+    if len(shape) > len(out):
+        return False
+    return all(d == 1 or d == o for d, o in zip(shape[::-1], out[::-1]))
+
+
 def generate(plan) -> tuple[object, dict[int, int]]:
     """Return (fn(vals) -> list of outputs, {source line -> step index}) for the plan."""
     g = plan.graph
@@ -43,7 +50,8 @@ def generate(plan) -> tuple[object, dict[int, int]]:
         inplace = (plan.xp is np and first is not None and first in st.frees
                    and producer_op.get(name_of[first]) in FRESH_OPS
                    and types[name_of[first]] == types[st.name]
-                   and st.ins.count(first) == 1)
+                   and st.ins.count(first) == 1
+                   and all(_fits(types[name_of[i]].shape, types[st.name].shape) for i in st.ins[1:]))
         if inplace and st.op in _INPLACE_BINARY and len(st.ins) == 2:
             code = f"    v{st.out} = np.{_INPLACE_BINARY[st.op]}({args}, out=v{first})"
         elif inplace and st.op == "Relu":

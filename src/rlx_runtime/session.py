@@ -42,6 +42,7 @@ class CompiledGraph:
         return [s.op for s in self._plan.steps]
 
     def set_param(self, name: str, array) -> None:
+        """Bind a run-time weight. The array is kept by reference (no copy): do not modify it afterwards."""
         self._plan.base[self._plan.param_slot.get(name, -1)] = self._plan.check_param(name, array)
 
     def run(self, feeds: dict) -> dict:
