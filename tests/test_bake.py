@@ -266,3 +266,29 @@ def test_report_in_meta_and_reproducible(tmp_path):
     assert meta["nodes_before"] == rep.nodes_before and meta["counts"] == {"skipped": 1, "ternary": 1, "quant": 0}
     assert {w["name"] for w in meta["weights"]} == set(rf1.weights)
     assert meta["total_bytes"] == sum(wt.nbytes for wt in rf1.weights.values())
+
+
+def test_q8_0_packs_gather_tables_and_keeps_tied_uses_dense():
+    g = GraphBuilder()
+    ids = g.input("ids", "i64", ["b", "s"])
+    table = g.param("emb", "f32", [100, 64])
+    h = g.gather(table, ids)                                   # [b, s, 64]
+    logits = g.matmul(h, g.transpose(table, perm=[1, 0]))      # tied output head: folded transpose
+    g.output(g.identity(logits, name="logits"), g.reduce_sum(table, axes=[0], keepdims=0, name="colsum_dyn"))
+    emb = f32(100, 64)
+    rf, rep = bake(g.build(), {"emb": emb}, BakeOptions.from_profile("size"))
+    ops = [n.op for n in rf.graph.nodes]
+    assert "DequantGather" in ops and "DequantMatMul" in ops
+    assert rep.packed_from["emb.q8_0"] == "emb"
+    # the tied head packs Wᵀᵀ = the table rows: identical bytes, so dedupe stores the table once
+    packed = [w for w in rep.weights if w.encoding == "gguf_q8_0"]
+    assert len(packed) == 1 and packed[0].cosine > 0.9999
+    dg = next(n for n in rf.graph.nodes if n.op == "DequantGather")
+    dm = next(n for n in rf.graph.nodes if n.op == "DequantMatMul")
+    assert dg.inputs[0] == dm.inputs[1] == packed[0].name
+    idx = np.array([[1, 5, 99]], np.int64)
+    out = run_baked(rf, {"ids": idx}, None)
+    ref = run_ref(g.build(), {"emb": emb}, {"ids": idx})
+    a, b = out["logits"].ravel(), ref["logits"].ravel()
+    assert a @ b / np.linalg.norm(a) / np.linalg.norm(b) > 0.999
+    np.testing.assert_allclose(out["colsum_dyn"], ref["colsum_dyn"], rtol=1e-6)  # folded from the dense table

@@ -58,6 +58,8 @@ CASES = {
     "Dequantize": ([("u8", [4, 68])], {"encoding": "gguf_q8_0", "shape": [4, 64]}, ("f32", (4, 64))),
     "DequantMatMul": ([("f32", [B, 256]), ("u8", [8, 66])], {"encoding": "gguf_tq2_0", "N": 8, "K": 256},
                       ("f32", (B, 8))),
+    "DequantGather": ([("u8", [100, 68]), ("i64", [B, "seq"])], {"encoding": "gguf_q8_0", "N": 100, "K": 64},
+                      ("f32", (B, "seq", 64))),
     "RandomNormal": ([], {"shape": [2, 3]}, ("f32", (2, 3))),
     "RandomUniform": ([], {"shape": [4], "dtype": "f16"}, ("f16", (4,))),
 }

@@ -90,7 +90,8 @@ def test_minilm_exact_size_sealed_against_torch(setup, tmp_path):
         results[profile] = Session().compile(read_rlx(path, verify=True)).run(
             {"input_ids": ids, "attention_mask": mask})["embeddings"]
         if profile == "size":
-            assert len(report.quant) == 36  # 6 layers x (q, k, v, o, ffn1, ffn2)
+            assert len(report.quant) == 38  # 6 layers x (q, k, v, o, ffn1, ffn2) + word and position tables
+            assert {"embeddings.word_embeddings.weight", "embeddings.position_embeddings.weight"} <= set(report.quant)
             write_rlx_encrypted(tmp_path / "sealed.rlx", rf, "pw", KDF_PROFILES["fast"])
             sealed = Session().compile(read_rlx(tmp_path / "sealed.rlx", password="pw")).run(
                 {"input_ids": ids, "attention_mask": mask})["embeddings"]

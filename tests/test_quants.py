@@ -100,3 +100,13 @@ def test_dequant_matmul_batched_leading_dims():
     x = R.standard_normal((2, 3, 64)).astype(np.float32)
     out = run_op("DequantMatMul", [x, quantize_q8_0(w)], {"encoding": "gguf_q8_0", "N": 8, "K": 64}, consts=(1,))
     np.testing.assert_allclose(out, x @ dequantize_q8_0(quantize_q8_0(w)).T, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("enc,q,dq", [("gguf_q8_0", quantize_q8_0, dequantize_q8_0),
+                                      ("gguf_tq2_0", quantize_tq2_0, dequantize_tq2_0)])
+def test_dequant_gather_equals_gather_of_dequantized_table(enc, q, dq):
+    table = R.standard_normal((50, 256)).astype(np.float32)
+    packed = q(table)
+    idx = np.array([[3, 0, 49], [7, 7, 1]], np.int64)
+    out = run_op("DequantGather", [packed, idx], {"encoding": enc, "N": 50, "K": 256}, consts=(0,))
+    np.testing.assert_array_equal(out, dq(packed)[idx])

@@ -87,15 +87,18 @@ def bake(graph: Graph, weights: dict | None = None, options: BakeOptions | None 
     report.nodes_after = len(g.nodes)
     step("weight table")
     rf = RlxFile(g, {}, {})
-    sources = {n.inputs[1]: (n.attrs["encoding"], n.attrs["N"], n.attrs["K"]) for n in g.nodes
-               if n.op == "DequantMatMul" and n.inputs[1] in g.constants}
-    origin = {name + suffix: name for name in bindings for suffix in (".tq2_0", ".q8_0")}
+    sources = {}  # packed constant -> (encoding, N, K, how it was laid out)
+    for n in g.nodes:
+        if n.op == "DequantMatMul":
+            sources[n.inputs[1]] = (n.attrs["encoding"], n.attrs["N"], n.attrs["K"], "transposed to N x K")
+        elif n.op == "DequantGather":
+            sources[n.inputs[0]] = (n.attrs["encoding"], n.attrs["N"], n.attrs["K"], "table rows")
     for name in sorted(g.constants):
         c = g.constants[name]
         if name in sources:
-            enc, n_out, k = sources[name]
-            src = origin.get(name, name)
-            w = Weight(name, enc, (n_out, k), c.value, "f32", None, f"packed from {src!r} (transposed to N x K)")
+            enc, n_out, k, layout = sources[name]
+            src = report.packed_from.get(name, name)
+            w = Weight(name, enc, (n_out, k), c.value, "f32", None, f"packed from {src!r} ({layout})")
             err = errors.get(src)
             report.weights.append(WeightReport(name, enc, [n_out, k], n_out * k * 4, int(c.value.nbytes),
                                                err[0] if err else 0.0, err[1] if err else 1.0,

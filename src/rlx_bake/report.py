@@ -34,6 +34,7 @@ class BakeReport:
     notes: list[str] = field(default_factory=list)
     folds_refused: list[dict] = field(default_factory=list)
     weights: list[WeightReport] = field(default_factory=list)
+    packed_from: dict[str, str] = field(default_factory=dict)  # packed constant -> the dense weight it replaces
 
     @property
     def total_bytes(self) -> int:

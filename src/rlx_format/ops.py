@@ -666,6 +666,19 @@ def _dequant_matmul(ctx: InferCtx) -> TensorType:
     return TensorType("f32", x.shape[:-1] + (n,))
 
 
+def _dequant_gather(ctx: InferCtx) -> TensorType:
+    p, idx = ctx.inputs
+    enc, n, k = ctx.attrs["encoding"], ctx.attrs["N"], ctx.attrs["K"]
+    qk, bs = QUANT_BLOCKS[enc]
+    if k % qk:
+        raise ctx.fail(f"K={k} not a multiple of {qk} for {enc}")
+    if p.dtype != "u8" or (p.is_static() and tuple(p.shape) != (n, k // qk * bs)):
+        raise ctx.fail(f"packed table {p.dtype}{list(p.shape)}; expected u8[{n}, {k // qk * bs}]")
+    if idx.dtype not in ("i64", "i32"):
+        raise ctx.fail(f"indices have dtype {idx.dtype}; expected i64 or i32")
+    return TensorType("f32", idx.shape + (k,))
+
+
 def _random(ctx: InferCtx) -> TensorType:
     if ctx.attrs["dtype"] not in FLOAT_DTYPES:
         raise ctx.fail(f"dtype {ctx.attrs['dtype']}; expected a float dtype")
@@ -750,6 +763,8 @@ _reg("ScaledDotProductAttention", (3, 4), _sdpa, {"causal": Attr("int", 0, (0, 1
 _ENC = tuple(QUANT_BLOCKS)
 _reg("Dequantize", 1, _dequantize, {"encoding": Attr("str", REQUIRED, _ENC), "shape": Attr("ints")})
 _reg("DequantMatMul", 2, _dequant_matmul, {"encoding": Attr("str", REQUIRED, _ENC), "N": Attr("int"),
+                                           "K": Attr("int")})
+_reg("DequantGather", 2, _dequant_gather, {"encoding": Attr("str", REQUIRED, _ENC), "N": Attr("int"),
                                            "K": Attr("int")})
 _reg("RandomNormal", 0, _random, {"shape": Attr("ints"), "mean": Attr("float", 0.0), "scale": Attr("float", 1.0),
                                   "seed": Attr("int", 0), "dtype": Attr("dtype", "f32")}, kind="random")

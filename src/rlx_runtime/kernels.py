@@ -566,6 +566,16 @@ def _dequantize(xp, a, packed):
     raise RlxError("Dequantize on CUDA is not implemented yet; run this graph on Device.CPU")
 
 
+@kernel("DequantGather")
+def _dequant_gather(xp, a, packed, idx):
+    """Rows `idx` of a packed [N, K] table, dequantized: only the gathered rows are decoded."""
+    if xp is not np:
+        raise RlxError("DequantGather on CUDA is not implemented yet; run this graph on Device.CPU")
+    from rlx_format.quants import dequantize
+    rows = np.take(packed, idx.astype(np.int64).ravel(), axis=0)
+    return dequantize(rows, a["encoding"]).reshape(*idx.shape, a["K"])
+
+
 @kernel("DequantMatMul")
 def _dequant_matmul(xp, a, x, packed):
     if xp is np:

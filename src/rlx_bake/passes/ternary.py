@@ -7,11 +7,11 @@ import numpy as np
 from rlx_format.graph import Graph
 from rlx_format.quants import TQ2_0_BLOCK, is_lossless_ternary, quantize_tq2_0
 
-from .matmul_weights import matmul_nodes_by_weight, pack_matmul_weight
+from .packing import matmul_uses, pack_weight
 
 
 def pack_ternary_weights(graph: Graph, report, packed_suffix: str = ".tq2_0") -> Graph:
-    for wname, nodes in matmul_nodes_by_weight(graph).items():
+    for wname, nodes in matmul_uses(graph).items():
         w = graph.constants[wname].value
         k = w.shape[0]
         if k % TQ2_0_BLOCK:
@@ -24,6 +24,6 @@ def pack_ternary_weights(graph: Graph, report, packed_suffix: str = ".tq2_0") ->
         wt = np.ascontiguousarray(w.T)  # DequantMatMul rows are output channels: (N, K)
         if not is_lossless_ternary(wt):
             continue
-        pack_matmul_weight(graph, report, wname, nodes, quantize_tq2_0(wt), "gguf_tq2_0", packed_suffix)
+        pack_weight(graph, report, wname, nodes, quantize_tq2_0(wt), "gguf_tq2_0", packed_suffix)
         report.ternary.append(wname)
     return graph.validate()
