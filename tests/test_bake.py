@@ -279,7 +279,8 @@ def test_q8_0_packs_gather_tables_and_keeps_tied_uses_dense():
     rf, rep = bake(g.build(), {"emb": emb}, BakeOptions.from_profile("size"))
     ops = [n.op for n in rf.graph.nodes]
     assert "DequantGather" in ops and "DequantMatMul" in ops
-    assert rep.packed_from["emb.q8_0"] == "emb"
+    assert set(rep.packed_from.values()) == {"emb", "transpose_2"} and rep.folded_from["transpose_2"] == "emb"
+    assert all(name.startswith("emb.q8_0") for name in rep.packed_from)  # named after the source param
     # the tied head packs Wᵀᵀ = the table rows: identical bytes, so dedupe stores the table once
     packed = [w for w in rep.weights if w.encoding == "gguf_q8_0"]
     assert len(packed) == 1 and packed[0].cosine > 0.9999

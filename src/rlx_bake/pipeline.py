@@ -69,6 +69,7 @@ def bake(graph: Graph, weights: dict | None = None, options: BakeOptions | None 
     step("specialize")
     g = specialize(graph, bindings) if bindings else graph.copy()
     preport = PassReport()
+    preport.folded_from = report.folded_from  # shared: fold fills it, the packing passes read it
     errors: dict = {}
     # the declared pipeline: (option flag, progress label, pass)
     stages = [
@@ -97,9 +98,10 @@ def bake(graph: Graph, weights: dict | None = None, options: BakeOptions | None 
         c = g.constants[name]
         if name in sources:
             enc, n_out, k, layout = sources[name]
-            src = report.packed_from.get(name, name)
+            raw = report.packed_from.get(name, name)
+            src = report.folded_from.get(raw, raw)
             w = Weight(name, enc, (n_out, k), c.value, "f32", None, f"packed from {src!r} ({layout})")
-            err = errors.get(src)
+            err = errors.get(raw)
             report.weights.append(WeightReport(name, enc, [n_out, k], n_out * k * 4, int(c.value.nbytes),
                                                err[0] if err else 0.0, err[1] if err else 1.0,
                                                "lossy Q8_0" if err else "lossless TQ2_0"))

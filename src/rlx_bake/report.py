@@ -35,6 +35,7 @@ class BakeReport:
     folds_refused: list[dict] = field(default_factory=list)
     weights: list[WeightReport] = field(default_factory=list)
     packed_from: dict[str, str] = field(default_factory=dict)  # packed constant -> the dense weight it replaces
+    folded_from: dict[str, str] = field(default_factory=dict)  # folded constant -> the param it came from
 
     @property
     def total_bytes(self) -> int:

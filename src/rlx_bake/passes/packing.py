@@ -44,7 +44,7 @@ def pack_weight(graph: Graph, report, weight: str, nodes: list[Node], packed: np
                 suffix: str) -> str:
     """Add `packed` as a constant and rewrite `nodes` (MatMul or Gather uses of `weight`) to read it."""
     dense = graph.constants[weight].value
-    pname = weight + suffix
+    pname = report.folded_from.get(weight, weight) + suffix  # name packed weights after their source param
     while pname in graph.constants or pname in graph.types:
         pname += "_"
     graph.constants[pname] = Value(pname, "u8", tuple(packed.shape), packed)

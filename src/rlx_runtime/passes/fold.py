@@ -65,6 +65,9 @@ def constant_fold(graph: Graph, report=None, growth_limit: float = 16, min_bytes
         consts[n.name] = Value(n.name, t.dtype, tuple(val.shape), val)
         if report is not None:
             report.folded += 1
+            big = [i for i in dict.fromkeys(n.inputs) if consts[i].value.size > 1]
+            if len(big) == 1:  # remember where a weight-derived tensor came from (for readable names)
+                report.folded_from[n.name] = report.folded_from.get(big[0], big[0])
         for i in set(n.inputs):  # free inputs whose last consumer was just folded
             remaining[i] -= n.inputs.count(i)
             if remaining[i] == 0 and i not in outputs and i in consts:

@@ -16,6 +16,8 @@ class PassReport:
     dce_removed: int = 0
     deduped: int = 0
     passes: list[tuple[str, int]] = field(default_factory=list)  # (pass, nodes after it)
+    # folded constant -> the one param/constant it was computed from (e.g. a transposed weight)
+    folded_from: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {"nodes_before": self.nodes_before, "nodes_after": self.nodes_after,
