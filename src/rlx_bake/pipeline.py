@@ -100,7 +100,8 @@ def bake(graph: Graph, weights: dict | None = None, options: BakeOptions | None 
             enc, n_out, k, layout = sources[name]
             raw = report.packed_from.get(name, name)
             src = report.folded_from.get(raw, raw)
-            w = Weight(name, enc, (n_out, k), c.value, "f32", None, f"packed from {src!r} ({layout})")
+            w = Weight(name, enc, (n_out, k), c.value, "f32", preport.digests.get(name),
+                       f"packed from {src!r} ({layout})")
             err = errors.get(raw)
             report.weights.append(WeightReport(name, enc, [n_out, k], n_out * k * 4, int(c.value.nbytes),
                                                err[0] if err else 0.0, err[1] if err else 1.0,
@@ -108,6 +109,7 @@ def bake(graph: Graph, weights: dict | None = None, options: BakeOptions | None 
         else:
             arr = np.require(c.value, dtype=NUMPY_DTYPES[c.dtype], requirements="C")  # keeps 0-d arrays 0-d
             w = Weight.plain(name, arr, c.dtype)
+            w.digest = preport.digests.get(name)  # dedupe already hashed these bytes: don't read them twice
             note = "param" if name in bindings else "folded/constant"
             report.weights.append(WeightReport(name, c.dtype, list(c.shape), dense_bytes.get(name, arr.nbytes),
                                                int(arr.nbytes), None, None, note))

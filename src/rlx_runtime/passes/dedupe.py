@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-import xxhash
 
-from rlx_format.container import release_pages
+from rlx_format.container import digest_bytes, release_pages
 from rlx_format.graph import Graph
 
 from .rewrite import replace_uses
@@ -19,8 +18,11 @@ def dedupe_constants(graph: Graph, report=None) -> Graph:
         if c.value is None or name in outputs:
             continue
         data = np.ascontiguousarray(c.value)
-        key = (c.dtype, tuple(c.shape), xxhash.xxh3_64_hexdigest(memoryview(data).cast("B") if data.size else b""))
+        digest = digest_bytes(memoryview(data).cast("B") if data.size else b"")
         release_pages(data)  # hashing a memory-mapped weight must not keep it resident
+        if report is not None:
+            report.digests[name] = digest
+        key = (c.dtype, tuple(c.shape), digest)
         twin = next((o for o in seen.get(key, []) if np.array_equal(graph.constants[o].value, c.value)), None)
         if twin is None:
             seen.setdefault(key, []).append(name)

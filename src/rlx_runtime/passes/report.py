@@ -18,6 +18,8 @@ class PassReport:
     passes: list[tuple[str, int]] = field(default_factory=list)  # (pass, nodes after it)
     # folded constant -> the one param/constant it was computed from (e.g. a transposed weight)
     folded_from: dict[str, str] = field(default_factory=dict)
+    # constant -> xxh3-64 hex digest of its bytes, as computed by dedupe (the writer reuses them)
+    digests: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {"nodes_before": self.nodes_before, "nodes_after": self.nodes_after,
