@@ -19,6 +19,9 @@ def _cases(block):
     yield "zero_blocks", z
     half = (np.arange(4 * block, dtype=np.float32) - 2 * block + 0.5) / 2  # x.5 ties after scaling
     yield "halfway", np.tile(np.float32(127) * half / np.abs(half).max(), (2, 1)).astype(np.float32)
+    below = np.float32(0.5) - np.float32(2.0 ** -25)  # just below .5: floor(x + 0.5) gets this wrong
+    yield "just_below_half", (np.tile(np.r_[np.float32(1.0), np.full(block - 1, below, np.float32)], (2, 1))
+                              * np.float32(2439.357421875)).astype(np.float32)
     yield "subnormal", (R.standard_normal((2, block)) * 1e-40).astype(np.float32)
     yield "fp16_max", (R.standard_normal((2, block)) * 65504).clip(-65504, 65504).astype(np.float32)
     yield "one_row", R.standard_normal((block,)).astype(np.float32)
@@ -110,3 +113,20 @@ def test_dequant_gather_equals_gather_of_dequantized_table(enc, q, dq):
     idx = np.array([[3, 0, 49], [7, 7, 1]], np.int64)
     out = run_op("DequantGather", [packed, idx], {"encoding": enc, "N": 50, "K": 256}, consts=(0,))
     np.testing.assert_array_equal(out, dq(packed)[idx])
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.extra import numpy as hnp  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 3), st.floats(1e-6, 6e4), st.data())
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_property_codecs_match_gguf(rows, blocks, scale, data):
+    """Random shapes and magnitudes (ties and zeros included) against the reference, both codecs."""
+    for block, ours, qt in ((32, quantize_q8_0, T.Q8_0), (256, quantize_tq2_0, T.TQ2_0)):
+        x = data.draw(hnp.arrays(np.float32, (rows, block * blocks),
+                                 elements=st.floats(-1, 1, width=32) | st.sampled_from([0.0, 0.5, -0.5, 1.0]))) * scale
+        x = x.astype(np.float32)
+        np.testing.assert_array_equal(ours(x), gq.quantize(x, qt))

@@ -21,8 +21,18 @@ ENCODINGS = {"gguf_q8_0": (Q8_0_BLOCK, Q8_0_BYTES), "gguf_tq2_0": (TQ2_0_BLOCK, 
 
 _F0 = np.float32(0.0)
 _F1 = np.float32(1.0)
-_HALF = np.float32(0.5)
 _F127 = np.float32(127.0)
+_HALF = np.float32(0.5)
+
+
+@numba.njit(cache=True, inline="always")
+def _roundf(v):
+    """C roundf (half away from zero) in float32. floor(|v| + 0.5) would be wrong just below .5:
+    0.49999997 + 0.5 rounds to 1.0 in float32."""
+    a = abs(v)
+    fl = np.floor(a)
+    r = fl + _F1 if a - fl >= _HALF else fl  # a - fl is exact, so this is the reference's floor(2(a - fl))
+    return r if v >= _F0 else -r
 
 
 @numba.njit(cache=True, nogil=True)
@@ -37,9 +47,7 @@ def _q8_0_blocks(x, d_out, q_out):  # x: (nb, 32) f32
         inv = _F1 / d if d != _F0 else _F0
         d_out[b] = d
         for i in range(32):
-            v = x[b, i] * inv
-            r = np.floor(abs(v) + _HALF)
-            q_out[b, i] = np.int8(r if v >= _F0 else -r)
+            q_out[b, i] = np.int8(_roundf(x[b, i] * inv))
 
 
 @numba.njit(cache=True, nogil=True)
@@ -56,9 +64,7 @@ def _tq2_0_blocks(x, d_out, codes_out):  # x: (nb, 256) f32, codes_out: (nb, 64)
             for m in range(32):
                 byte = 0
                 for l in range(4):
-                    v = x[b, j * 128 + l * 32 + m] * inv
-                    r = np.floor(abs(v) + _HALF)
-                    q = np.int32(r if v >= _F0 else -r) + 1
+                    q = np.int32(_roundf(x[b, j * 128 + l * 32 + m] * inv)) + 1
                     byte |= (q & 3) << (2 * l)
                 codes_out[b, j * 32 + m] = byte
 
@@ -84,10 +90,8 @@ def quantize_q8_0(x: np.ndarray) -> np.ndarray:
     blocks = x.reshape(-1, Q8_0_BLOCK)
     d = np.empty(blocks.shape[0], np.float32)
     out = np.empty((blocks.shape[0], Q8_0_BYTES), np.uint8)
-    q = np.empty((blocks.shape[0], Q8_0_BLOCK), np.int8)
-    _q8_0_blocks(blocks, d, q)
+    _q8_0_blocks(blocks, d, out[:, 2:].view(np.int8))  # quants written straight into the block bytes
     out[:, :2] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
-    out[:, 2:] = q.view(np.uint8)
     return out.reshape(*x.shape[:-1], x.shape[-1] // Q8_0_BLOCK * Q8_0_BYTES)
 
 
@@ -97,9 +101,7 @@ def quantize_tq2_0(x: np.ndarray) -> np.ndarray:
     blocks = x.reshape(-1, TQ2_0_BLOCK)
     d = np.empty(blocks.shape[0], np.float32)
     out = np.empty((blocks.shape[0], TQ2_0_BYTES), np.uint8)
-    codes = np.empty((blocks.shape[0], 64), np.uint8)
-    _tq2_0_blocks(blocks, d, codes)
-    out[:, :64] = codes
+    _tq2_0_blocks(blocks, d, out[:, :64])  # codes written straight into the block bytes
     out[:, 64:] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
     return out.reshape(*x.shape[:-1], x.shape[-1] // TQ2_0_BLOCK * TQ2_0_BYTES)
 
