@@ -250,3 +250,35 @@ def test_offsets_past_4_gib(tmp_path):
         offs.append(w.__array_interface__["data"][0])
     assert p.stat().st_size > (4 << 30)
     back.close()
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.extra import numpy as hnp  # noqa: E402
+
+_DT = {"f32": np.float32, "f16": np.float16, "f64": np.float64, "i64": np.int64, "i32": np.int32, "i16": np.int16,
+       "i8": np.int8, "u8": np.uint8, "bool": np.bool_}
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.dictionaries(st.text(min_size=1, max_size=12), st.tuples(st.sampled_from(sorted(_DT)),
+                                                                     hnp.array_shapes(min_dims=0, max_dims=3,
+                                                                                      min_side=0, max_side=5)),
+                       max_size=6), st.data())
+def test_property_round_trip_random_weight_sets(entries, data):
+    g = GraphBuilder("p")
+    g.input("x", "f32", [1])
+    g.output("x")
+    rf = RlxFile.from_graph(g.build())
+    arrays = {}
+    for name, (dt, shape) in entries.items():
+        arrays[name] = data.draw(hnp.arrays(_DT[dt], shape))
+        rf.weights[name] = Weight.plain(name, arrays[name], dt)
+    blob = rf.to_bytes()
+    assert blob == rf.to_bytes()  # deterministic
+    back = read_rlx_bytes(blob, verify=True)
+    assert set(back.weights) == set(arrays)
+    for name, a in arrays.items():
+        got = back.weights[name].array()
+        assert got.dtype == a.dtype and got.shape == a.shape
+        np.testing.assert_array_equal(got, a)

@@ -32,6 +32,11 @@ TOOL_VERSION = "rlx 0.1.0"
 DIGEST_ALGO = "xxh3_64"
 
 
+def byte_view(arr: np.ndarray):
+    """The bytes of a C-contiguous array without copying (memoryview cannot cast 0-sized shapes)."""
+    return memoryview(arr.reshape(-1)).cast("B") if arr.size else b""
+
+
 def digest_bytes(buf) -> str:
     return xxhash.xxh3_64_hexdigest(buf)
 
@@ -115,7 +120,7 @@ class RlxFile:
     def verify(self) -> None:
         """Recompute every tensor digest; raise FormatError naming the first mismatch."""
         for w in self.weights.values():
-            got = digest_bytes(memoryview(np.ascontiguousarray(w.data)).cast("B"))
+            got = digest_bytes(byte_view(np.ascontiguousarray(w.data)))
             release_pages(w.data)
             if w.digest is not None and got != w.digest:
                 raise FormatError(f"weight {w.name!r}: digest mismatch ({DIGEST_ALGO} {got} != stored {w.digest}); "
@@ -176,7 +181,7 @@ def _layout(rf: RlxFile) -> tuple[bytes, list[tuple[int, np.ndarray]]]:
         _check_weight_in_memory(w)
         data = np.ascontiguousarray(w.data)
         if w.digest is None:
-            w.digest = digest_bytes(memoryview(data).cast("B"))
+            w.digest = digest_bytes(byte_view(data))
             release_pages(data)
         entries.append((w, data))
     graph = _graph_dict_for_file(rf)
@@ -203,7 +208,7 @@ def _write_stream(f: BinaryIO, rf: RlxFile) -> None:
     pos = PREAMBLE_BYTES + len(header)
     for off, data in tensors:
         f.write(b"\0" * (off - pos))
-        mv = memoryview(data).cast("B") if data.nbytes else b""
+        mv = byte_view(data)
         for i in range(0, len(mv), 64 << 20):  # chunked: no giant temporary copies
             f.write(mv[i:i + (64 << 20)])
         release_pages(data)

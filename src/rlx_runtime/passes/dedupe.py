@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rlx_format.container import digest_bytes, release_pages
+from rlx_format.container import byte_view, digest_bytes, release_pages
 from rlx_format.graph import Graph
 
 from .rewrite import replace_uses
@@ -18,7 +18,7 @@ def dedupe_constants(graph: Graph, report=None) -> Graph:
         if c.value is None or name in outputs:
             continue
         data = np.ascontiguousarray(c.value)
-        digest = digest_bytes(memoryview(data).cast("B") if data.size else b"")
+        digest = digest_bytes(byte_view(data))
         release_pages(data)  # hashing a memory-mapped weight must not keep it resident
         if report is not None:
             report.digests[name] = digest
