@@ -157,3 +157,16 @@ def test_in_place_elementwise_never_widens_a_buffer():
     c = Session().compile(g.build())
     out = c.run({"a": np.zeros((1, 4), np.float32), "b": np.ones((3, 4), np.float32)})["y"]
     np.testing.assert_array_equal(out, np.full((3, 4), 2.0))
+
+
+def test_in_place_never_writes_a_buffer_that_a_view_still_shows():
+    # m is fresh and dies at Tanh, but Reshape(m) is a view of it that is read afterwards
+    g = GraphBuilder()
+    x = g.input("x", "f32", [2, 3])
+    m = g.max(x, g.constant(np.zeros((2, 3), np.float32)), name="m")
+    view = g.reshape(m, shape=[3, 2], name="view")
+    t = g.tanh(m, name="t")
+    g.output(g.add(g.reshape(view, shape=[2, 3]), t, name="y"))
+    xin = np.array([[1.0, -2.0, 3.0], [0.5, 4.0, -1.0]], np.float32)
+    m_ref = np.maximum(xin, 0)
+    np.testing.assert_array_equal(Session().compile(g.build()).run({"x": xin})["y"], m_ref + np.tanh(m_ref))

@@ -16,6 +16,8 @@ FRESH_OPS = frozenset({
     "Sigmoid", "Tanh", "Sin", "Cos", "Gelu", "Silu", "Softmax", "LogSoftmax", "Conv", "ConvTranspose",
     "LayerNorm", "RMSNorm", "GroupNorm", "BatchNormalization", "DequantMatMul", "Erf", "Softplus", "Reciprocal",
 })
+# ops whose kernels may return a view of input 0 (numpy reshape/transpose/slicing semantics)
+VIEW_OPS = frozenset({"Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice", "DepthToSpace"})
 _INPLACE_BINARY = {"Add": "add", "Sub": "subtract", "Mul": "multiply", "Div": "divide", "Max": "maximum",
                    "Min": "minimum"}
 _INPLACE_UNARY = {"Relu": None, "Exp": "exp", "Neg": "negative", "Abs": "absolute", "Tanh": "tanh",
@@ -34,6 +36,9 @@ def generate(plan) -> tuple[object, dict[int, int]]:
     g = plan.graph
     types = g.types
     producer_op = {n.name: n.op for n in g.nodes}
+    # a buffer that some view op reads may still be visible through that view after its own last use,
+    # so it is never written in place
+    viewed = {n.inputs[0] for n in g.nodes if n.op in VIEW_OPS and n.inputs}
     name_of = {s: n for n, s in plan.slot.items()}
     ns: dict = {"xp": plan.xp, "np": np}
     lines = ["def _run(vals):"]
@@ -48,7 +53,7 @@ def generate(plan) -> tuple[object, dict[int, int]]:
         args = ", ".join(f"v{s}" for s in st.ins)
         first = st.ins[0] if st.ins else None
         inplace = (plan.xp is np and first is not None and first in st.frees
-                   and producer_op.get(name_of[first]) in FRESH_OPS
+                   and producer_op.get(name_of[first]) in FRESH_OPS and name_of[first] not in viewed
                    and types[name_of[first]] == types[st.name]
                    and st.ins.count(first) == 1
                    and all(_fits(types[name_of[i]].shape, types[st.name].shape) for i in st.ins[1:]))

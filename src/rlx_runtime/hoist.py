@@ -22,7 +22,7 @@ from rlx_format.ops import RANDOM_OPS
 from .device import Device
 from .options import CompileOptions
 from .pecache import PECache, PECacheKey
-from .plan import Plan
+from .plan import Plan, check_array
 
 BOUNDARY_PREFIX = "__hoisted__/"
 
@@ -37,6 +37,8 @@ class HoistSplit:
     main_params: list[str]
     deps: dict[str, list[str]]  # boundary -> params it depends on
     outputs: list[str]          # the original graph's outputs, in order
+    inputs: list[Value]         # the original graph's inputs (the signature run() checks)
+    params: list[Value]         # the original graph's params (set_param accepts each, used or not)
 
 
 def split_param_invariant(graph: Graph) -> HoistSplit | None:
@@ -100,7 +102,8 @@ def _split(graph: Graph, through_shape: bool) -> HoistSplit | None:
                      [_vcopy(p) for p in main_params],
                      [_vcopy(c) for k, c in graph.constants.items() if k in used], main_nodes, main_outputs)
     return HoistSplit(prepare, main, boundary, bmap, [p.name for p in prep_params],
-                      [p.name for p in main_params], deps, list(graph.outputs))
+                      [p.name for p in main_params] if main is not None else [], deps, list(graph.outputs),
+                      [_vcopy(v) for v in graph.inputs], [_vcopy(p) for p in graph.params])
 
 
 def _closure(nodes: dict[str, Node], roots: list[str]) -> set[str]:
@@ -148,7 +151,7 @@ class HoistedGraph:
     # ------------------------------------------------------------------ API
     @property
     def param_names(self) -> list[str]:
-        return sorted(set(self.split.prepare_params) | set(self.split.main_params))
+        return [p.name for p in self.split.params]
 
     def plan_ops(self) -> list[str]:
         """Ops of the per-forward plan (main half only: prepare is not per forward)."""
@@ -158,9 +161,11 @@ class HoistedGraph:
         return [s.op for p in self._prep.values() for s in p.steps]
 
     def set_param(self, name: str, array) -> None:
-        owners = [b for b, deps in self.split.deps.items() if name in deps]
-        if not owners and name not in self.split.main_params:
+        decl = next((p for p in self.split.params if p.name == name), None)
+        if decl is None:
             raise RlxError(f"set_param: unknown param {name!r}; expected one of {self.param_names or 'none'}")
+        check_array(np, f"param {name!r}", array, decl.dtype, tuple(decl.shape), {})
+        owners = [b for b, deps in self.split.deps.items() if name in deps]
         for b in owners:
             plan = self._prep[b]
             plan.base[plan.param_slot[name]] = plan.check_param(name, array)
@@ -171,6 +176,15 @@ class HoistedGraph:
     def run(self, feeds: dict) -> dict:
         if not isinstance(feeds, dict):
             raise RlxError(f"run() takes a dict of input name -> array; got {type(feeds).__name__}")
+        expected = [v.name for v in self.split.inputs]
+        unknown = sorted(set(feeds) - set(expected))
+        if unknown:
+            raise RlxError(f"run(): unknown input(s) {unknown}; expected {expected}")
+        dims: dict = {}
+        for v in self.split.inputs:  # the same checks as the unsplit graph, whichever half reads the input
+            if v.name not in feeds:
+                raise RlxError(f"run(): missing input {v.name!r} ({v.dtype}{list(v.shape)}); expected {expected}")
+            check_array(np, f"input {v.name!r}", feeds[v.name], v.dtype, tuple(v.shape), dims)
         for b in self.split.boundary:
             plan = self._prep[b]
             names = [n for n, *_ in plan.input_slots]
@@ -182,17 +196,11 @@ class HoistedGraph:
                                                                                                          feeds))
         out = {}
         if self._main is not None:
-            allowed = set(self.split.main.input_names) - set(self.split.boundary_inputs.values())
-            unknown = sorted(set(feeds) - allowed)
-            if unknown:
-                raise RlxError(f"run(): unknown input(s) {unknown}; expected {sorted(allowed)}")
             merged = dict(feeds)
             for b, name in self.split.boundary_inputs.items():
                 if name in self._main._plan.slot:
                     merged[name] = self._cache[b]  # by reference: no copy per forward
             out = self._main.run(merged)
-        elif feeds:
-            raise RlxError(f"run(): unknown input(s) {sorted(feeds)}; this graph takes no inputs")
         return {o: out[o] if o in out else self._cache[o].copy() for o in self.split.outputs}
 
     def _prepare(self, plan: Plan, names: list[str], feeds: dict):
