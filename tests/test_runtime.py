@@ -170,3 +170,33 @@ def test_in_place_never_writes_a_buffer_that_a_view_still_shows():
     xin = np.array([[1.0, -2.0, 3.0], [0.5, 4.0, -1.0]], np.float32)
     m_ref = np.maximum(xin, 0)
     np.testing.assert_array_equal(Session().compile(g.build()).run({"x": xin})["y"], m_ref + np.tanh(m_ref))
+
+
+def test_compiled_graphs_run_from_many_threads():
+    """numba's workqueue layer aborts on concurrent parallel calls; rlx serializes them."""
+    import subprocess
+    import sys
+    code = """
+import threading, numpy as np
+from rlx_format import GraphBuilder
+from rlx_format.quants import quantize_q8_0
+from rlx_runtime import Session
+g = GraphBuilder()
+x = g.input("x", "f32", ["b", 512])
+w = g.constant(quantize_q8_0(np.random.default_rng(0).standard_normal((256, 512)).astype(np.float32)), name="w")
+h = g.dequant_mat_mul(x, w, encoding="gguf_q8_0", N=256, K=512)
+g.output(g.gelu(g.reshape(g.tile(h, repeats=[1, 200]), shape=[-1]), name="y"))
+c = Session().compile(g.build())
+xin = np.random.default_rng(1).standard_normal((4, 512)).astype(np.float32)
+ref = c.run({"x": xin})["y"]
+bad = []
+def work():
+    for _ in range(100):
+        if not np.array_equal(c.run({"x": xin})["y"], ref):
+            bad.append(1)
+ts = [threading.Thread(target=work) for _ in range(4)]
+[t.start() for t in ts]; [t.join() for t in ts]
+print("ok" if not bad else "mismatch")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-500:]

@@ -8,6 +8,8 @@ tile (TILE_ROWS x K floats), not the N x K weight.
 
 from __future__ import annotations
 
+import threading
+
 import numba
 import numpy as np
 from numba import prange
@@ -19,6 +21,15 @@ from rlx_format.quants import ENCODINGS, dequantize
 # layer does not spin. Must be chosen before the first parallel kernel runs.
 if numba.config.THREADING_LAYER == "default":
     numba.config.THREADING_LAYER = "workqueue"
+
+# The workqueue layer aborts the process if two Python threads enter parallel kernels at once, so
+# every parallel numba call in rlx goes through this lock (uncontended it costs ~0.1 us).
+PARALLEL_LOCK = threading.Lock()
+
+
+def parallel_call(fn, *args):
+    with PARALLEL_LOCK:
+        return fn(*args)
 
 FUSED_MAX_ROWS = 12  # measured crossover with the tiled path (4096x4096, 2 cores)
 TILE_ROWS = 256
@@ -123,9 +134,9 @@ def dequant_matmul(x: np.ndarray, packed: np.ndarray, encoding: str, n: int, k: 
     out = np.empty((m, n), np.float32)
     if m <= FUSED_MAX_ROWS:
         if encoding == "gguf_q8_0":
-            _q8_0_fused(x2, pk, pk.view(np.int8), out)
+            parallel_call(_q8_0_fused, x2, pk, pk.view(np.int8), out)
         else:
-            _tq2_0_fused(x2, pk, out)
+            parallel_call(_tq2_0_fused, x2, pk, out)
     else:
         buf = np.empty((min(TILE_ROWS, n), k), np.float32)
         for n0 in range(0, n, TILE_ROWS):

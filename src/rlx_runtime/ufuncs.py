@@ -12,7 +12,7 @@ import math
 import numba
 import numpy as np
 
-from . import quant_kernels  # noqa: F401 - selects numba's threading layer before any parallel ufunc runs
+from .quant_kernels import parallel_call  # also selects numba's threading layer before any parallel ufunc runs
 
 PARALLEL_MIN_SIZE = 1 << 15
 
@@ -30,7 +30,7 @@ def _erf_serial(v):  # pragma: no cover - compiled
 def erf(x: np.ndarray) -> np.ndarray:
     if x.dtype == np.float16:
         return _erf_serial(x.astype(np.float32)).astype(np.float16)
-    return _erf_parallel(x) if x.size >= PARALLEL_MIN_SIZE else _erf_serial(x)
+    return parallel_call(_erf_parallel, x) if x.size >= PARALLEL_MIN_SIZE else _erf_serial(x)
 
 
 _SQRT2_F32 = np.float32(math.sqrt(2.0))
@@ -51,5 +51,5 @@ def gelu_erf(x: np.ndarray) -> np.ndarray:
         xf = x.astype(np.float64)
         return (0.5 * xf * (1.0 + _erf_serial(xf / math.sqrt(2.0)))).astype(x.dtype)
     out = np.empty_like(x)
-    _gelu_erf_f32(np.ascontiguousarray(x), out)
+    parallel_call(_gelu_erf_f32, np.ascontiguousarray(x), out)
     return out
