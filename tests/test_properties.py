@@ -83,3 +83,24 @@ def test_every_compile_path_agrees(gp, batch):
     for profile in ("merge", "fold", "exact"):
         rf, _ = bake(graph, params, BakeOptions.from_profile(profile))
         np.testing.assert_allclose(Session().compile(rf).run(feeds)["y"], ref, **tol)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_graph(), st.lists(st.tuples(st.sampled_from(["p", "q", None]), st.integers(1, 2)), min_size=1,
+                                max_size=6), st.booleans())
+def test_hoisting_tracks_set_param_sequences(gp, steps, shape_mode):
+    """After any sequence of set_param calls, a hoisted graph equals a fresh plain compile."""
+    graph, params = gp
+    opts = CompileOptions(cache_shape_invariant=True) if shape_mode else CompileOptions(cache_param_invariant=True)
+    h = Session().compile_with(graph, opts)
+    cur = dict(params)
+    for k, v in cur.items():
+        h.set_param(k, v)
+    r = np.random.default_rng(len(steps))
+    for name, batch in steps:
+        if name is not None:
+            cur[name] = (cur[name] + r.standard_normal(cur[name].shape)).astype(np.float32)
+            h.set_param(name, cur[name])
+        x = r.standard_normal((batch, 3)).astype(np.float32)
+        np.testing.assert_allclose(h.run({"x": x})["y"], _plain(graph, cur, {"x": x}), rtol=1e-5, atol=1e-5,
+                                   equal_nan=True)
