@@ -23,9 +23,9 @@ def main() -> int:
     seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 30.0
     seed = int(sys.argv[2]) if len(sys.argv) > 2 else 0
     seeds = {"read_rlx": ft.seed_rlx(), "sealed": ft.seed_sealed(), "safetensors": ft.seed_safetensors(),
-             "graph_json": ft.seed_graph().to_dict()}
+             "graph_json": ft.seed_graph().to_dict(), "onnx": ft.seed_onnx()}
     targets = {"read_rlx": ft.target_read_rlx, "sealed": ft.target_sealed, "safetensors": ft.target_safetensors,
-               "graph_json": ft.target_graph_json}
+               "graph_json": ft.target_graph_json, "onnx": ft.target_onnx}
     total = 0
     for name, target in targets.items():
         rng = np.random.default_rng(seed)

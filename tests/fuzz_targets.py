@@ -52,6 +52,13 @@ def seed_safetensors() -> bytes:
     return save({"w": np.ones((4, 3), np.float32), "b": np.arange(5, dtype=np.int64)})
 
 
+def seed_onnx() -> bytes:
+    """A small conv model from the ONNX backend test data the onnx package ships."""
+    import onnx
+    path = Path(onnx.__file__).parent / "backend" / "test" / "data" / "pytorch-operator" / "test_operator_conv"
+    return (path / "model.onnx").read_bytes()
+
+
 def _guard(fn, *args) -> bool:
     """Run fn; True if it succeeded, False on RlxError; anything else propagates. Enforces the time limit."""
     t = time.perf_counter()
@@ -90,6 +97,13 @@ def target_safetensors(data: bytes) -> bool:
     p = _TMP / "w.safetensors"
     p.write_bytes(data)
     return _guard(load_safetensors, p)
+
+
+def target_onnx(data: bytes) -> bool:
+    from rlx_bake.onnx import import_onnx
+    p = _TMP / "m.onnx"
+    p.write_bytes(data)
+    return _guard(import_onnx, p)
 
 
 def mutate(data: bytes, rng: np.random.Generator) -> bytes:

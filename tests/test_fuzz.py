@@ -10,17 +10,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fuzz_targets import (mutate, mutate_json, seed_graph, seed_rlx, seed_safetensors, seed_sealed, target_graph_json,
-                          target_read_rlx, target_safetensors, target_sealed)
+from fuzz_targets import (mutate, mutate_json, seed_graph, seed_onnx, seed_rlx, seed_safetensors, seed_sealed,
+                          target_graph_json, target_onnx, target_read_rlx, target_safetensors, target_sealed)
 
 BUDGET = settings(max_examples=int(os.environ.get("RLX_FUZZ_EXAMPLES", "150")), deadline=None,
                   suppress_health_check=[HealthCheck.too_slow])
-SEEDS = {"rlx": seed_rlx(), "sealed": seed_sealed(), "st": seed_safetensors(), "graph": seed_graph().to_dict()}
+SEEDS = {"rlx": seed_rlx(), "sealed": seed_sealed(), "st": seed_safetensors(), "graph": seed_graph().to_dict(),
+         "onnx": seed_onnx()}
 
 
 def test_seeds_are_valid():
     assert target_read_rlx(SEEDS["rlx"]) and target_sealed(SEEDS["sealed"])
-    assert target_safetensors(SEEDS["st"]) and target_graph_json(SEEDS["graph"])
+    assert target_safetensors(SEEDS["st"]) and target_graph_json(SEEDS["graph"]) and target_onnx(SEEDS["onnx"])
 
 
 @BUDGET
@@ -63,6 +64,12 @@ def test_sealed_mutated(seed):
 @given(st.integers(0, 2**32 - 1))
 def test_safetensors_mutated(seed):
     target_safetensors(mutate(SEEDS["st"], np.random.default_rng(seed)))
+
+
+@BUDGET
+@given(st.integers(0, 2**32 - 1))
+def test_onnx_import_mutated(seed):
+    target_onnx(mutate(SEEDS["onnx"], np.random.default_rng(seed)))
 
 
 @pytest.mark.parametrize("doc", [

@@ -720,7 +720,12 @@ def import_onnx(path: str | os.PathLike) -> tuple[Graph, WeightSet]:
         if t is not None:
             ctx.types[vi.name] = t
     for t in g.initializer:
-        ctx.inits[t.name] = ctx.tensor(t)
+        try:
+            ctx.inits[t.name] = ctx.tensor(t)
+        except RlxError:
+            raise
+        except Exception as e:  # noqa: BLE001 - onnx/numpy raise many types for corrupt tensors
+            raise RlxError(f"{path}: initializer {t.name!r} is malformed ({type(e).__name__}: {e})") from None
         ctx.init_dtype[t.name] = _DTYPES.get(t.data_type, "?")
         ctx.names.add(t.name)
     init_names = set(ctx.inits)
@@ -756,6 +761,10 @@ def import_onnx(path: str | os.PathLike) -> tuple[Graph, WeightSet]:
             key = f"{n.op_type} (missing attribute {e})"
             unsupported[key] += 1
             where.setdefault(key, []).append(label)
+        except RlxError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a corrupt node (bad tensor attr, missing inputs, ...)
+            raise RlxError(f"{path}: node {label!r} ({n.op_type}) is malformed ({type(e).__name__}: {e})") from None
     if unsupported:
         lines = [f"  {op}: {count} node(s), e.g. {', '.join(where[op][:5])}" for op, count in unsupported.most_common()]
         raise RlxError(f"{path}: {sum(unsupported.values())} node(s) use ops rlx does not support:\n"
