@@ -104,3 +104,33 @@ def test_hoisting_tracks_set_param_sequences(gp, steps, shape_mode):
         x = r.standard_normal((batch, 3)).astype(np.float32)
         np.testing.assert_allclose(h.run({"x": x})["y"], _plain(graph, cur, {"x": x}), rtol=1e-5, atol=1e-5,
                                    equal_nan=True)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_graph())
+def test_graph_json_round_trip_random_graphs(gp):
+    from rlx_format import Graph
+    graph, _ = gp
+    text = graph.to_json()
+    back = Graph.from_json(text)
+    assert back.to_json() == text
+    assert back.types == graph.types
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 20_000), st.sampled_from([4096, 8192, 65536]))
+def test_sealed_round_trip_random_sizes(n_bytes, chunk):
+    import tempfile
+    from pathlib import Path
+
+    from rlx_format import RlxFile, Weight, read_rlx_with_password, write_rlx_encrypted
+    from rlx_format.sealed import KDF_PROFILES
+    g = GraphBuilder("s")
+    g.input("x", "f32", [1])
+    g.output("x")
+    rf = RlxFile.from_graph(g.build())
+    rf.weights["w"] = Weight.plain("w", np.random.default_rng(n_bytes).integers(0, 255, n_bytes, dtype=np.uint8), "u8")
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "s.rlx"
+        write_rlx_encrypted(p, rf, "pw", KDF_PROFILES["fast"], chunk_size=chunk)
+        assert read_rlx_with_password(p, "pw").to_bytes() == rf.to_bytes()
