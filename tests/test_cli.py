@@ -57,6 +57,7 @@ def test_sealed_round_trip_and_subcommands(bundle, tmp_path):
     assert r.exit_code == 0 and "encrypted: True" in r.output and "memory_kib: 8192" in r.output
     r = invoke("inspect", sealed, "--password-env", "PW", env=env)
     assert r.exit_code == 0 and "DequantMatMul" in r.output and ".tq2_0" in r.output
+    assert "bake: profile exact; nodes" in r.output and "ternary 2" in r.output
     r = invoke("decrypt", sealed, "-o", plain, "--password-stdin", input="s3cret\n")
     assert r.exit_code == 0 and not is_encrypted(plain)
     r = invoke("encrypt", plain, "-o", resealed, "--password-env", "PW", *FAST, env=env)

@@ -233,6 +233,13 @@ def inspect(state, path, password_env, password_stdin, password_value, as_json):
                       w["note"])
         out.print(t)
         out.print(f"meta: tool={rf.meta.get('tool')}")
+        b = rf.meta.get("bake")
+        if isinstance(b, dict) and isinstance(b.get("counts"), dict):
+            c = b["counts"]
+            out.print(f"bake: profile {b.get('profile')}; nodes {b.get('nodes_before')} -> {b.get('nodes_after')}; "
+                      f"weights {_fmt_bytes(int(b.get('total_bytes_before', 0)))} -> "
+                      f"{_fmt_bytes(int(b.get('total_bytes', 0)))}; skipped {c.get('skipped')}, "
+                      f"ternary {c.get('ternary')}, q8_0 {c.get('quant')}")
 
 
 def _op_counts(g) -> dict:
