@@ -136,6 +136,7 @@ class HoistedGraph:
         self.device = device
         self.options = options
         self.pass_report = report
+        self._xp = xp
         self._profile: dict | None = {} if options.profile else None
         # one small plan per boundary tensor, so invalidation is per boundary
         self._prep: dict[str, Plan] = {}
@@ -164,7 +165,7 @@ class HoistedGraph:
         decl = next((p for p in self.split.params if p.name == name), None)
         if decl is None:
             raise RlxError(f"set_param: unknown param {name!r}; expected one of {self.param_names or 'none'}")
-        check_array(np, f"param {name!r}", array, decl.dtype, tuple(decl.shape), {})
+        check_array(self._xp, f"param {name!r}", array, decl.dtype, tuple(decl.shape), {})
         owners = [b for b, deps in self.split.deps.items() if name in deps]
         for b in owners:
             plan = self._prep[b]
@@ -184,13 +185,10 @@ class HoistedGraph:
         for v in self.split.inputs:  # the same checks as the unsplit graph, whichever half reads the input
             if v.name not in feeds:
                 raise RlxError(f"run(): missing input {v.name!r} ({v.dtype}{list(v.shape)}); expected {expected}")
-            check_array(np, f"input {v.name!r}", feeds[v.name], v.dtype, tuple(v.shape), dims)
+            check_array(self._xp, f"input {v.name!r}", feeds[v.name], v.dtype, tuple(v.shape), dims)
         for b in self.split.boundary:
             plan = self._prep[b]
-            names = [n for n, *_ in plan.input_slots]
-            missing = [n for n in names if n not in feeds]
-            if missing:
-                raise RlxError(f"run(): missing input(s) {missing}")
+            names = [n for n, *_ in plan.input_slots]  # inputs a Shape-keyed boundary reads (shape mode)
             key = PECacheKey(b).add(self._version[b]).add_shapes([np.shape(feeds[n]) for n in names])
             self._cache[b] = self.cache.get_or_create(key, lambda plan=plan, names=names: self._prepare(plan, names,
                                                                                                          feeds))
@@ -204,7 +202,8 @@ class HoistedGraph:
         return {o: out[o] if o in out else self._cache[o].copy() for o in self.split.outputs}
 
     def _prepare(self, plan: Plan, names: list[str], feeds: dict):
-        vals = plan.execute(plan.bind_inputs({n: feeds[n] for n in names}), self._profile)
+        with np.errstate(all="ignore"):  # IEEE results are the semantics, as in CompiledGraph.run
+            vals = plan.execute(plan.bind_inputs({n: feeds[n] for n in names}), self._profile)
         return vals[plan.output_slots[0][1]]
 
     # ------------------------------------------------------------------ profiling
