@@ -103,6 +103,21 @@ def test_reproducible_and_atomic(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.rlx", "b.rlx"]  # no temp files left
 
 
+def test_stale_temp_files_of_killed_writes_are_cleaned(tmp_path):
+    import os
+    import time
+    old = tmp_path / ".m.rlx.abc123.tmp"
+    fresh = tmp_path / ".m.rlx.def456.tmp"
+    other = tmp_path / ".other.rlx.xyz.tmp"
+    for f in (old, fresh, other):
+        f.write_bytes(b"partial")
+    two_days_ago = time.time() - 2 * 86400
+    os.utime(old, (two_days_ago, two_days_ago))
+    os.utime(other, (two_days_ago, two_days_ago))
+    write_rlx(tmp_path / "m.rlx", tiny())
+    assert not old.exists() and fresh.exists() and other.exists()  # only old temps of this target go
+
+
 def test_failed_write_leaves_previous_file(tmp_path):
     p = tmp_path / "m.rlx"
     write_rlx(p, tiny())

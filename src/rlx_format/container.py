@@ -13,6 +13,7 @@ import mmap
 import os
 import struct
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -215,6 +216,21 @@ def _write_stream(f: BinaryIO, rf: RlxFile) -> None:
         pos = off + data.nbytes
 
 
+STALE_TEMP_SECONDS = 24 * 3600
+
+
+def _remove_stale_temps(path: Path) -> None:
+    """Drop temp files of earlier writes to `path` that were killed mid-write (older than a day, so a
+    concurrent writer's live temp file is never touched)."""
+    cutoff = time.time() - STALE_TEMP_SECONDS
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):
+        try:
+            if stale.stat().st_mtime < cutoff:
+                stale.unlink()
+        except OSError:
+            pass
+
+
 def atomic_write(path: str | os.PathLike, writer) -> None:
     """Call writer(fileobj) on a temp file next to `path`, fsync, then rename over `path`."""
     path = Path(path)
@@ -234,6 +250,7 @@ def atomic_write(path: str | os.PathLike, writer) -> None:
         except FileNotFoundError:
             pass
         raise
+    _remove_stale_temps(path)
     try:
         dfd = os.open(directory, os.O_RDONLY)
         try:
