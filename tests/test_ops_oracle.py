@@ -313,3 +313,35 @@ def test_sdpa():
                                **F32_TOL)
     ref = ort_run("Attention", [q, k, v], {"is_causal": 1}, opset=23)
     np.testing.assert_allclose(run_op("ScaledDotProductAttention", [q, k, v], {"causal": 1}), ref, **F32_TOL)
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**31))
+def test_random_conv_and_pool_configs_match_onnxruntime(seed):
+    """Random rank, groups, kernel, stride, dilation, pads and ceil_mode (kernels that fit the input)."""
+    rng = np.random.default_rng(seed)
+    nsp = int(rng.integers(1, 4))
+    g = int(rng.choice([1, 2]))
+    cin, cout = g * int(rng.integers(1, 3)), g * int(rng.integers(1, 3))
+    k = [int(rng.integers(1, 4)) for _ in range(nsp)]
+    s = [int(rng.integers(1, 3)) for _ in range(nsp)]
+    dil = [int(rng.integers(1, 3)) for _ in range(nsp)]
+    sp = [int(rng.integers(k[i] * dil[i], 8)) for i in range(nsp)]
+    pads = [int(rng.integers(0, k[i % nsp])) for i in range(2 * nsp)]
+    x = rng.standard_normal([2, cin] + sp).astype(np.float32)
+    w = rng.standard_normal([cout, cin // g] + k).astype(np.float32)
+    conv = {"strides": s, "dilations": dil, "pads": pads, "group": g}
+    np.testing.assert_allclose(run_op("Conv", [x, w], conv), ort_run("Conv", [x, w], conv), rtol=1e-4, atol=1e-4)
+    wt = rng.standard_normal([cin, cout // g] + k).astype(np.float32)
+    np.testing.assert_allclose(run_op("ConvTranspose", [x, wt], conv), ort_run("ConvTranspose", [x, wt], conv),
+                               rtol=1e-4, atol=1e-4)
+    pool = {"kernel_shape": k, "strides": s, "pads": pads, "ceil_mode": int(rng.integers(0, 2))}
+    np.testing.assert_array_equal(run_op("MaxPool", [x], {**pool, "dilations": dil}),
+                                  ort_run("MaxPool", [x], {**pool, "dilations": dil}))
+    avg = {**pool, "count_include_pad": int(rng.integers(0, 2))}
+    np.testing.assert_allclose(run_op("AveragePool", [x], avg), ort_run("AveragePool", [x], avg), rtol=1e-5,
+                               atol=1e-6)

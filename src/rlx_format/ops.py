@@ -496,16 +496,24 @@ def _spatial_attrs(ctx: InferCtx, nsp: int, kernel: Shape) -> tuple[list, list, 
     return strides, dil, pads
 
 
-def _pool_out(ctx, d, k, s, dl, pb, pe, ceil_mode=False) -> Dim:
-    if not isinstance(d, int) or not isinstance(k, int):
-        return ctx.fresh()
+def window_count(d: int, k: int, s: int, dl: int, pb: int, pe: int, ceil_mode: bool = False) -> int:
+    """Output size of a conv/pool axis (spec/ops.md): windows of (k-1)*dl+1 over d+pb+pe with stride s,
+    rounded down (ceil_mode: up, but a window may not start inside the end padding). Callers ensure the
+    dilated kernel fits the padded input."""
     span = d + pb + pe - dl * (k - 1) - 1
-    if span < 0:
-        raise ctx.fail(f"kernel {k} (dilation {dl}) larger than padded input {d + pb + pe}")
-    out = (span + (s - 1 if ceil_mode else 0)) // s + 1
+    out = (-(-span // s) if ceil_mode else span // s) + 1
     if ceil_mode and (out - 1) * s >= d + pb:
         out -= 1
     return out
+
+
+def _pool_out(ctx, d, k, s, dl, pb, pe, ceil_mode=False) -> Dim:
+    if not isinstance(d, int) or not isinstance(k, int):
+        return ctx.fresh()
+    if d + pb + pe < dl * (k - 1) + 1:
+        raise ctx.fail(f"kernel {k} (dilation {dl}) is larger than the padded input {d + pb + pe}; "
+                       "expected a kernel that fits (pad the input)")
+    return window_count(d, k, s, dl, pb, pe, ceil_mode)
 
 
 def _conv(ctx: InferCtx) -> TensorType:

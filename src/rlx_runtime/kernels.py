@@ -15,7 +15,7 @@ import numpy as np
 
 from rlx_format.dtypes import NUMPY_DTYPES, bf16_to_f32, compute_dtype, f32_to_bf16
 from rlx_format.errors import RlxError
-from rlx_format.ops import OPS
+from rlx_format.ops import OPS, window_count
 
 Kernel = Callable[..., object]
 KERNELS: dict[str, Kernel] = {}
@@ -356,7 +356,7 @@ def _conv(xp, a, x, w, b=None):
         x = xp.pad(x, [(0, 0), (0, 0)] + [(pads[i], pads[i + nsp]) for i in range(nsp)])
     n, c = x.shape[:2]
     o, k = w.shape[0], w.shape[2:]
-    out_sp = _pool_out_sizes(x.shape, k, strides, dil)
+    out_sp = [window_count(x.shape[2 + i], k[i], strides[i], dil[i], 0, 0) for i in range(nsp)]  # x is padded
     # im2col from one strided slice per kernel offset, then a single (batched) GEMM
     cols = xp.stack([x[(slice(None), slice(None)) + tuple(
         slice(pos[i] * dil[i], pos[i] * dil[i] + (out_sp[i] - 1) * strides[i] + 1, strides[i]) for i in range(nsp))]
@@ -397,17 +397,15 @@ def _conv_transpose(xp, a, x, w, b=None):
 
 
 def _pool_pads(a, x, nsp, k, strides, dil):
-    """Explicit pads plus the extra end padding that ceil_mode needs."""
+    """Explicit pads, the output sizes, and the extra end padding that ceil_mode's last window needs."""
     pads = a.get("pads") or [0] * (2 * nsp)
-    extra = []
+    extra, out_sp = [], []
     for i in range(nsp):
         d = x.shape[2 + i] + pads[i] + pads[i + nsp]
-        span = (k[i] - 1) * dil[i] + 1
-        out = (d - span + (strides[i] - 1 if a["ceil_mode"] else 0)) // strides[i] + 1
-        if a["ceil_mode"] and (out - 1) * strides[i] >= x.shape[2 + i] + pads[i]:
-            out -= 1
-        extra.append(max(0, (out - 1) * strides[i] + span - d))
-    return pads, extra
+        out = window_count(x.shape[2 + i], k[i], strides[i], dil[i], pads[i], pads[i + nsp], bool(a["ceil_mode"]))
+        out_sp.append(out)
+        extra.append(max(0, (out - 1) * strides[i] + (k[i] - 1) * dil[i] + 1 - d))
+    return pads, extra, out_sp
 
 
 def _pool_reduce(xp, xpd, k, strides, dil, out_sp, combine):
@@ -425,19 +423,15 @@ def _pool_reduce(xp, xpd, k, strides, dil, out_sp, combine):
     return acc
 
 
-def _pool_out_sizes(x_padded_shape, k, strides, dil):
-    return [(d - ((kk - 1) * dl + 1)) // s + 1 for d, kk, s, dl in zip(x_padded_shape[2:], k, strides, dil)]
-
-
 @kernel("MaxPool")
 def _maxpool(xp, a, x):
     nsp = x.ndim - 2
     k = a["kernel_shape"]
     strides, dil, _ = _spatial(a, nsp)
-    pads, extra = _pool_pads(a, x, nsp, k, strides, dil)
+    pads, extra, out_sp = _pool_pads(a, x, nsp, k, strides, dil)
     width = [(0, 0), (0, 0)] + [(pads[i], pads[i + nsp] + extra[i]) for i in range(nsp)]
     xpd = xp.pad(x, width, constant_values=-np.inf) if any(sum(w) for w in width) else x
-    return _pool_reduce(xp, xpd, k, strides, dil, _pool_out_sizes(xpd.shape, k, strides, dil), xp.maximum)
+    return _pool_reduce(xp, xpd, k, strides, dil, out_sp, xp.maximum)
 
 
 @kernel("AveragePool")
@@ -446,10 +440,9 @@ def _avgpool(xp, a, x):
     k = a["kernel_shape"]
     strides = a.get("strides") or [1] * nsp
     dil = [1] * nsp
-    pads, extra = _pool_pads(a, x, nsp, k, strides, dil)
+    pads, extra, out_sp = _pool_pads(a, x, nsp, k, strides, dil)
     width = [(0, 0), (0, 0)] + [(pads[i], pads[i + nsp] + extra[i]) for i in range(nsp)]
     xpd = xp.pad(x, width)
-    out_sp = _pool_out_sizes(xpd.shape, k, strides, dil)
     s = _pool_reduce(xp, xpd, k, strides, dil, out_sp, xp.add)
     ones = xp.ones((1, 1) + x.shape[2:], dtype=x.dtype)
     if a["count_include_pad"]:
