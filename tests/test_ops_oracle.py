@@ -345,3 +345,24 @@ def test_random_conv_and_pool_configs_match_onnxruntime(seed):
     avg = {**pool, "count_include_pad": int(rng.integers(0, 2))}
     np.testing.assert_allclose(run_op("AveragePool", [x], avg), ort_run("AveragePool", [x], avg), rtol=1e-5,
                                atol=1e-6)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**31))
+def test_random_slices_match_onnxruntime(seed):
+    """Random starts/ends/steps, negative steps and INT64-style sentinels: values and inferred shape."""
+    from rlx_format import GraphBuilder
+    rng = np.random.default_rng(seed)
+    shape = [int(rng.integers(1, 6)) for _ in range(int(rng.integers(1, 4)))]
+    x = rng.standard_normal(shape).astype(np.float32)
+    n = int(rng.integers(1, len(shape) + 1))
+    attrs = {"starts": [int(rng.integers(-8, 8)) for _ in range(n)],
+             "ends": [int(rng.choice([rng.integers(-8, 8), 2**62, -(2**62)])) for _ in range(n)],
+             "axes": [int(a) for a in rng.permutation(len(shape))[:n]],
+             "steps": [int(rng.choice([1, 2, 3, -1, -2])) for _ in range(n)]}
+    ref = ort_run("Slice", [x] + [np.array(attrs[k], np.int64) for k in ("starts", "ends", "axes", "steps")],
+                  const_inputs={1: 0, 2: 0, 3: 0, 4: 0})
+    np.testing.assert_array_equal(run_op("Slice", [x], attrs), ref)
+    g = GraphBuilder()
+    g.output(g.slice(g.input("x", "f32", shape), name="o", **attrs))
+    assert g.build().types["o"].shape == ref.shape

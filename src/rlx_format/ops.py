@@ -312,8 +312,21 @@ def _concat(ctx: InferCtx) -> TensorType:
     return TensorType(dt, tuple(shape))
 
 
+def slice_bounds(d: int, start: int, end: int, step: int) -> tuple[int, int]:
+    """ONNX Slice clamping: negatives count from the end; then start in [0, d] and end in [0, d] for a
+    positive step, start in [0, d-1] and end in [-1, d-1] for a negative one (-1 = before index 0)."""
+    start = start + d if start < 0 else start
+    end = end + d if end < 0 else end
+    if step > 0:
+        return min(max(start, 0), d), min(max(end, 0), d)
+    return min(max(start, 0), d - 1), min(max(end, -1), d - 1)
+
+
 def slice_dim(d: int, start: int, end: int, step: int) -> int:
-    return len(range(*slice(start, end, step).indices(d)))
+    if d == 0:
+        return 0
+    b, e = slice_bounds(d, start, end, step)
+    return max(0, -(-(e - b) // step))
 
 
 def _slice(ctx: InferCtx) -> TensorType:

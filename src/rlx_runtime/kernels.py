@@ -15,7 +15,7 @@ import numpy as np
 
 from rlx_format.dtypes import NUMPY_DTYPES, bf16_to_f32, compute_dtype, f32_to_bf16
 from rlx_format.errors import RlxError
-from rlx_format.ops import OPS, window_count
+from rlx_format.ops import OPS, slice_bounds, window_count
 
 Kernel = Callable[..., object]
 KERNELS: dict[str, Kernel] = {}
@@ -256,8 +256,10 @@ def _slice(xp, a, x):
     axes = a["axes"] if a["axes"] is not None else range(len(a["starts"]))
     steps = a["steps"] or [1] * len(a["starts"])
     for s, e, ax, st in zip(a["starts"], a["ends"], axes, steps):
-        start, stop, step = slice(s, e, st).indices(x.shape[ax])
-        idx[ax] = slice(start, None if stop < 0 else stop, step)  # stop -1 means "before index 0"
+        if x.shape[ax] == 0:
+            continue
+        start, stop = slice_bounds(x.shape[ax], s, e, st)
+        idx[ax] = slice(start, None if stop < 0 else stop, st)  # stop -1 means "before index 0"
     return x[tuple(idx)]
 
 
