@@ -79,6 +79,8 @@ def test_inspect_json_and_run(bundle, tmp_path):
     r = invoke("run", out, "--input", f"x={x}", "-o", tmp_path / "o.npz")
     assert r.exit_code == 0, r.output
     assert "probs: float32[3, 10]" in r.output
+    r2 = invoke("run", out, "--input", f"x={x}", "--unpack")
+    assert r2.exit_code == 0 and "probs: float32[3, 10]" in r2.output
     with np.load(tmp_path / "o.npz") as z:
         np.testing.assert_allclose(z["probs"].sum(1), 1, rtol=1e-5)
 

@@ -191,3 +191,25 @@ def test_folded_equals_unfolded_random_mlp(seed):
     # a folded (contiguous) transpose feeds BLAS a different layout, so summation order may differ
     np.testing.assert_allclose(folded.run({"x": X})["y"], plain.run({"x": X})["y"], rtol=2e-5, atol=1e-6)
     assert [p for p, _ in folded.pass_report.passes] == ["specialize", "simplify", "fold", "simplify", "dce", "dedupe"]
+
+
+def test_unpack_quantized_dequantizes_once_at_compile():
+    from rlx_format.quants import dequantize_tq2_0, quantize_tq2_0
+    g = GraphBuilder()
+    x = g.input("x", "f32", ["b", 256])
+    ids = g.input("ids", "i64", ["b"])
+    q8 = g.constant(quantize_q8_0(f32(16, 256)), name="q8")
+    tq = g.constant(quantize_tq2_0(np.sign(f32(32, 256))), name="tq")
+    h = g.dequant_mat_mul(x, q8, encoding="gguf_q8_0", N=16, K=256)
+    e = g.dequant_gather(tq, ids, encoding="gguf_tq2_0", N=32, K=256)
+    g.output(h, g.identity(e, name="e"))
+    graph = g.build()
+    c = Session().compile_with(graph, CompileOptions(unpack_quantized=True))
+    assert "DequantMatMul" not in c.plan_ops() and "DequantGather" not in c.plan_ops()
+    assert "Dequantize" not in c.plan_ops()  # folded at compile
+    X, I = f32(3, 256), np.array([0, 31, 5])
+    out = c.run({"x": X, "ids": I})
+    ref = Session().compile(graph).run({"x": X, "ids": I})
+    np.testing.assert_allclose(out[h], X @ dequantize_q8_0(g._consts[0].value).T, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out[h], ref[h], rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(out["e"], dequantize_tq2_0(g._consts[1].value)[I])

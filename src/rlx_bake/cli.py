@@ -336,11 +336,12 @@ def verify(state, path, against, weights, seed, password_env, password_stdin, pa
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--input", "inputs", multiple=True, metavar="NAME=FILE.npy", help="An input array (repeatable).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Write outputs to an .npz file.")
+@click.option("--unpack", is_flag=True, help="Dequantize packed weights once at load and run plain matmuls.")
 @password_options
 @click.pass_obj
-def run(state, path, inputs, output, password_env, password_stdin, password_value):
+def run(state, path, inputs, output, unpack, password_env, password_stdin, password_value):
     """Run an .rlx file on CPU with inputs from .npy files."""
-    from rlx_runtime import Session
+    from rlx_runtime import CompileOptions, Session
     with handled(state):
         feeds = {}
         for spec in inputs:
@@ -354,7 +355,9 @@ def run(state, path, inputs, output, password_env, password_stdin, password_valu
             except ValueError as e:
                 raise RlxError(f"--input {name}: {file}: not a .npy array ({e})") from None
         rf = _open(path, password_env, password_stdin, password_value)
-        out = Session().compile(rf).run(feeds)
+        session = Session()
+        compiled = session.compile_with(rf, CompileOptions(unpack_quantized=True)) if unpack else session.compile(rf)
+        out = compiled.run(feeds)
         for name, arr in out.items():
             click.echo(f"{name}: {arr.dtype}{list(arr.shape)} min {arr.min():.6g} max {arr.max():.6g}"
                        if arr.size and arr.dtype.kind in "fiu" else f"{name}: {arr.dtype}{list(arr.shape)}")

@@ -24,6 +24,8 @@ class CompileOptions:
         (default: the RLX_CACHE_PARAM_INVARIANT environment variable).
     cache_shape_invariant: also prepare what depends only on input *shapes* (through Shape), once
         per distinct shape key (implies the param-invariant hoisting).
+    unpack_quantized: dequantize packed (Q8_0/TQ2_0) weights once at compile and run plain matmuls:
+        small file on disk, f32 weights in RAM, unquantized speed.
     optimize: run simplify/fold/DCE/dedupe even without bindings.
     profile: record per-op call counts and time from the first run.
     fold_growth_limit / fold_min_bytes: the constant-folding size guard.
@@ -32,6 +34,7 @@ class CompileOptions:
     param_bindings: dict[str, np.ndarray] | None = None
     cache_param_invariant: bool = field(default_factory=lambda: _env_flag("RLX_CACHE_PARAM_INVARIANT"))
     cache_shape_invariant: bool = False
+    unpack_quantized: bool = False
     optimize: bool = True
     profile: bool = False
     fold_growth_limit: float = DEFAULT_FOLD_GROWTH_LIMIT

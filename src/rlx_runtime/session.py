@@ -80,7 +80,7 @@ class Session:
         options = options or CompileOptions()
         graph = _as_graph(graph_or_file)
         report = None
-        if options.param_bindings or options.optimize:
+        if options.param_bindings or options.optimize or options.unpack_quantized:
             from .passes.pipeline import compile_pipeline
             graph, report = compile_pipeline(graph, options)
         if options.cache_param_invariant or options.cache_shape_invariant:

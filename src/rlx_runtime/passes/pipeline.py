@@ -12,6 +12,7 @@ from .fold import constant_fold
 from .report import PassReport
 from .simplify import simplify
 from .specialize import specialize_params
+from .unpack import unpack_quantized
 
 Pass = Callable[[Graph, PassReport], Graph]
 
@@ -30,7 +31,8 @@ def compile_pipeline(graph: Graph, options) -> tuple[Graph, PassReport]:
     if options.param_bindings:
         graph = specialize_params(graph, options.param_bindings, report)
         report.passes.append(("specialize", len(graph.nodes)))
-    passes: list[tuple[str, Pass]] = [
+    passes: list[tuple[str, Pass]] = [("unpack", unpack_quantized)] if options.unpack_quantized else []
+    passes += [
         ("simplify", simplify),
         ("fold", lambda g, r: constant_fold(g, r, options.fold_growth_limit, options.fold_min_bytes)),
         ("simplify", simplify),
