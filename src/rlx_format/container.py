@@ -175,13 +175,18 @@ def _graph_dict_for_file(rf: RlxFile) -> dict:
     return rf.graph.to_dict(external=set(rf.weights))
 
 
-def _layout(rf: RlxFile) -> tuple[bytes, list[tuple[int, np.ndarray]]]:
+_DIGEST_PLACEHOLDER = "0" * 16  # xxh3-64 hex digests always have 16 characters
+
+
+def _layout(rf: RlxFile, placeholder: bool = False) -> tuple[bytes, list[tuple[int, np.ndarray]]]:
+    """Header bytes and (offset, array) per tensor. Missing digests are computed here, or (placeholder)
+    written as a same-length placeholder that the seekable writer patches after hashing while writing."""
     entries = []
     for name in sorted(rf.weights):
         w = rf.weights[name]
         _check_weight_in_memory(w)
         data = np.ascontiguousarray(w.data)
-        if w.digest is None:
+        if w.digest is None and not placeholder:
             w.digest = digest_bytes(byte_view(data))
             release_pages(data)
         entries.append((w, data))
@@ -193,7 +198,7 @@ def _layout(rf: RlxFile) -> tuple[bytes, list[tuple[int, np.ndarray]]]:
             offsets.append(pos)
             pos = _align(pos + data.nbytes)
         table = [{"name": w.name, "encoding": w.encoding, "dtype": w.dtype, "shape": list(w.shape),
-                  "offset": off, "nbytes": data.nbytes, "digest": w.digest, "note": w.note}
+                  "offset": off, "nbytes": data.nbytes, "digest": w.digest or _DIGEST_PLACEHOLDER, "note": w.note}
                  for (w, data), off in zip(entries, offsets)]
         header = msgpack.packb({"graph": graph, "weights": table, "meta": rf.meta, "digest_algo": DIGEST_ALGO},
                                use_bin_type=True)
@@ -203,17 +208,33 @@ def _layout(rf: RlxFile) -> tuple[bytes, list[tuple[int, np.ndarray]]]:
         data_start = new_start
 
 
-def _write_stream(f: BinaryIO, rf: RlxFile) -> None:
-    header, tensors = _layout(rf)
+def _write_stream(f: BinaryIO, rf: RlxFile, seekable: bool = False) -> None:
+    """Write the file. With a seekable `f`, missing digests are computed while the tensors are written
+    (one read of each weight instead of two) and the header is patched in place afterwards."""
+    missing = {name for name, w in rf.weights.items() if w.digest is None} if seekable else set()
+    header, tensors = _layout(rf, placeholder=bool(missing))
     f.write(RLXBAKE_MAGIC + struct.pack("<IQ", SCHEMA_VERSION, len(header)) + header)
     pos = PREAMBLE_BYTES + len(header)
-    for off, data in tensors:
+    for name, (off, data) in zip(sorted(rf.weights), tensors):  # _layout lists tensors by sorted name
         f.write(b"\0" * (off - pos))
         mv = byte_view(data)
+        hasher = xxhash.xxh3_64() if name in missing else None
         for i in range(0, len(mv), 64 << 20):  # chunked: no giant temporary copies
             f.write(mv[i:i + (64 << 20)])
+            if hasher is not None:
+                hasher.update(mv[i:i + (64 << 20)])
+        if hasher is not None:
+            rf.weights[name].digest = hasher.hexdigest()
         release_pages(data)
         pos = off + data.nbytes
+    if missing:
+        final, _ = _layout(rf)
+        if len(final) != len(header):  # cannot happen: digests are fixed-length strings
+            raise FormatError("internal error: header length changed while patching digests")
+        end = f.tell()
+        f.seek(PREAMBLE_BYTES)
+        f.write(final)
+        f.seek(end)
 
 
 STALE_TEMP_SECONDS = 24 * 3600
@@ -263,7 +284,7 @@ def atomic_write(path: str | os.PathLike, writer) -> None:
 
 def write_rlx(path: str | os.PathLike, rf: RlxFile) -> None:
     """Write `rf` as a plaintext RLXBAKE1 v2 file, atomically. Same input -> same bytes."""
-    atomic_write(path, lambda f: _write_stream(f, rf))
+    atomic_write(path, lambda f: _write_stream(f, rf, seekable=True))
 
 
 # ------------------------------------------------------------------------------------------- reader
