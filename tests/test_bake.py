@@ -293,3 +293,24 @@ def test_q8_0_packs_gather_tables_and_keeps_tied_uses_dense():
     a, b = out["logits"].ravel(), ref["logits"].ravel()
     assert a @ b / np.linalg.norm(a) / np.linalg.norm(b) > 0.999
     np.testing.assert_allclose(out["colsum_dyn"], ref["colsum_dyn"], rtol=1e-6)  # folded from the dense table
+
+
+@pytest.mark.parametrize("variant", ["float", "ternary"])
+def test_parity_shipped_example(variant):
+    from pathlib import Path
+    bundle = Path(__file__).parent.parent / "examples" / "digits" / variant
+    graph, ws = load_graph(bundle)
+    from sklearn.datasets import load_digits
+    x = load_digits().data[:200].astype(np.float32)  # the data the example was trained on
+    ref = run_ref(graph, ws, {"x": x})["probs"]
+    for prof in ("merge", "fold", "exact", "size"):
+        rf, rep = bake(graph, ws, BakeOptions.from_profile(prof))
+        out = run_baked(rf, {"x": x})["probs"]
+        if prof == "size":
+            a, b = out.ravel().astype(np.float64), ref.ravel().astype(np.float64)
+            assert a @ b / np.linalg.norm(a) / np.linalg.norm(b) >= 0.999
+            assert (out.argmax(1) == ref.argmax(1)).mean() >= 0.99
+        else:
+            np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+        if variant == "ternary" and prof in ("exact", "size"):
+            assert len(rep.ternary) == 2

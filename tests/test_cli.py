@@ -237,3 +237,11 @@ def test_password_never_appears_anywhere(tmp_path, capfd):
 def test_debug_shows_traceback(tmp_path):
     r = CliRunner().invoke(main, ["--debug", "inspect", str(tmp_path / "nope.rlx")])
     assert r.exit_code == 1 and "Traceback" in r.output
+
+
+def test_password_is_checked_before_any_work(tmp_path):
+    # the input does not even exist: the password problem must be reported first, nothing baked
+    r = CliRunner().invoke(main, [str(tmp_path / "missing"), "-o", str(tmp_path / "o.rlx"), "--password-env",
+                                  "RLX_TEST_UNSET_VAR"])
+    assert r.exit_code == 1 and "RLX_TEST_UNSET_VAR is not set" in r.output and "missing" not in r.output
+    assert not (tmp_path / "o.rlx").exists()
