@@ -200,3 +200,12 @@ print("ok" if not bad else "mismatch")
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-500:]
+
+
+def test_random_ops_have_the_stated_distributions():
+    n = 200_000
+    normal = run_op("RandomNormal", [], {"shape": [n], "mean": 2.0, "scale": 0.5, "seed": 1})
+    uniform = run_op("RandomUniform", [], {"shape": [n], "low": -1.0, "high": 3.0, "seed": 2, "dtype": "f64"})
+    assert normal.dtype == np.float32 and uniform.dtype == np.float64
+    assert abs(normal.mean() - 2.0) < 0.01 and abs(normal.std() - 0.5) < 0.01
+    assert uniform.min() >= -1.0 and uniform.max() < 3.0 and abs(uniform.mean() - 1.0) < 0.02
