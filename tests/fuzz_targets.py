@@ -15,6 +15,7 @@ import numpy as np
 from safetensors.numpy import save
 
 from rlx_bake import load_safetensors
+from rlx_bake.onnx import import_onnx  # imported here so no target call pays for a first import
 from rlx_format import Graph, GraphBuilder, RlxError, RlxFile, read_rlx_bytes, read_rlx_with_password
 from rlx_format.sealed import KDF_PROFILES, write_rlx_encrypted
 
@@ -100,7 +101,6 @@ def target_safetensors(data: bytes) -> bool:
 
 
 def target_onnx(data: bytes) -> bool:
-    from rlx_bake.onnx import import_onnx
     p = _TMP / "m.onnx"
     p.write_bytes(data)
     return _guard(import_onnx, p)
