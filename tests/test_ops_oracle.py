@@ -366,3 +366,24 @@ def test_random_slices_match_onnxruntime(seed):
     g = GraphBuilder()
     g.output(g.slice(g.input("x", "f32", shape), name="o", **attrs))
     assert g.build().types["o"].shape == ref.shape
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**31))
+def test_random_resize_matches_onnxruntime(seed):
+    rng = np.random.default_rng(seed)
+    shape = [1, int(rng.integers(1, 3))] + [int(rng.integers(1, 7)) for _ in range(int(rng.integers(1, 3)))]
+    x = rng.standard_normal(shape).astype(np.float32)
+    a = {"mode": str(rng.choice(["nearest", "linear"])),
+         "coordinate_transformation_mode": str(rng.choice(["half_pixel", "pytorch_half_pixel", "align_corners",
+                                                           "asymmetric"])),
+         "nearest_mode": str(rng.choice(["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"]))}
+    if rng.random() < 0.5:
+        sizes = shape[:2] + [int(rng.integers(1, 13)) for _ in shape[2:]]
+        ours = run_op("Resize", [x], {"sizes": sizes, **a})
+        ref = ort_run("Resize", [x, None, None, np.array(sizes, np.int64)], a, opset=13, const_inputs={3: 0})
+    else:
+        scales = np.array([1.0, 1.0] + [rng.choice([0.5, 0.75, 1.5, 2.0, 3.0, 1.3]) for _ in shape[2:]], np.float32)
+        ours = run_op("Resize", [x], {"scales": [float(v) for v in scales], **a})
+        ref = ort_run("Resize", [x, None, scales], a, opset=13, const_inputs={2: 0})
+    np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)

@@ -497,6 +497,70 @@ def _constant_of_shape(ctx, n, a):
 LOWER["ConstantOfShape"] = _constant_of_shape
 
 
+def _resize(ctx, n, a):
+    mode = a.get("mode", "nearest")
+    if mode not in ("nearest", "linear"):
+        raise Unsupported(f"Resize mode {mode!r}")
+    if ctx.opset < 11:
+        ctm, nearest_mode, scales_in, sizes_in = "asymmetric", "floor", 1, None
+    else:
+        ctm = a.get("coordinate_transformation_mode", "half_pixel")
+        nearest_mode = a.get("nearest_mode", "round_prefer_floor")
+        scales_in, sizes_in = 2, 3
+    if ctm not in ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric"):
+        raise Unsupported(f"Resize coordinate_transformation_mode {ctm!r}")
+    if a.get("antialias", 0) or a.get("keep_aspect_ratio_policy", "stretch") != "stretch":
+        raise Unsupported("Resize antialias / keep_aspect_ratio_policy")
+
+    def given(pos):
+        if pos is None or len(n.input) <= pos or not n.input[pos]:
+            return None
+        v = ctx.value(n.input[pos])
+        if v is None:
+            raise Unsupported("Resize with run-time scales/sizes")
+        return v.reshape(-1) if v.size else None
+
+    scales, sizes = given(scales_in), given(sizes_in)
+    r = ctx.rank(n.input[0])
+    axes = a.get("axes")
+    if axes is not None:  # opset 18: values for a subset of axes
+        if r is None:
+            raise Unsupported("Resize axes on an input of unknown rank")
+        t = ctx.types[n.input[0]][1]
+        full = [1.0] * r if scales is not None else list(t)
+        for i, ax in enumerate(axes):
+            full[ax % r] = (scales if scales is not None else sizes)[i]
+        scales, sizes = (full, None) if scales is not None else (None, full)
+    attrs = {"mode": mode, "coordinate_transformation_mode": ctm, "nearest_mode": nearest_mode}
+    if sizes is not None:
+        attrs["sizes"] = [int(v) for v in sizes]
+    elif scales is not None:
+        attrs["scales"] = [float(np.float32(v)) for v in scales]  # the exact float32 values ONNX carries
+    else:
+        raise Unsupported("Resize without scales or sizes")
+    ctx.emit("Resize", [n.input[0]], attrs, n.output[0])
+
+
+def _upsample(ctx, n, a):
+    scales = a.get("scales")
+    if scales is None:
+        v = ctx.value(n.input[1]) if len(n.input) > 1 else None
+        if v is None:
+            raise Unsupported("Upsample with run-time scales")
+        scales = v.reshape(-1)
+    mode = a.get("mode", "nearest")
+    if mode not in ("nearest", "linear", "bilinear"):
+        raise Unsupported(f"Upsample mode {mode!r}")
+    ctx.emit("Resize", [n.input[0]], {"scales": [float(np.float32(v)) for v in scales],
+                                      "mode": "nearest" if mode == "nearest" else "linear",
+                                      "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"},
+             n.output[0])
+
+
+LOWER["Resize"] = _resize
+LOWER["Upsample"] = _upsample
+
+
 def _cumsum(ctx, n, a):
     axis = ctx.ints(n.input[1], "CumSum axis")[0]
     ctx.emit("CumSum", [n.input[0]], {"axis": axis, "exclusive": a.get("exclusive", 0), "reverse": a.get("reverse", 0)},

@@ -700,6 +700,27 @@ def _dequant_gather(ctx: InferCtx) -> TensorType:
     return TensorType("f32", idx.shape + (k,))
 
 
+def _resize(ctx: InferCtx) -> TensorType:
+    x = ctx.inputs[0]
+    _require_float(ctx)
+    scales, sizes = ctx.attrs["scales"], ctx.attrs["sizes"]
+    if (scales is None) == (sizes is None):
+        raise ctx.fail("give exactly one of scales and sizes")
+    n = len(scales if scales is not None else sizes)
+    if n != x.rank:
+        raise ctx.fail(f"{'scales' if scales is not None else 'sizes'} has {n} entries; expected rank {x.rank}")
+    if scales is not None:
+        if any(sc <= 0 for sc in scales):
+            raise ctx.fail(f"scales {scales} must be positive")
+        out = tuple(int(math.floor(d * sc)) if isinstance(d, int) else (d if sc == 1 else ctx.fresh())
+                    for d, sc in zip(x.shape, scales))
+    else:
+        if any(sz <= 0 for sz in sizes):
+            raise ctx.fail(f"sizes {sizes} must be positive")
+        out = tuple(sizes)
+    return TensorType(x.dtype, out)
+
+
 def _random(ctx: InferCtx) -> TensorType:
     if ctx.attrs["dtype"] not in FLOAT_DTYPES:
         raise ctx.fail(f"dtype {ctx.attrs['dtype']}; expected a float dtype")
@@ -787,6 +808,12 @@ _reg("DequantMatMul", 2, _dequant_matmul, {"encoding": Attr("str", REQUIRED, _EN
                                            "K": Attr("int")})
 _reg("DequantGather", 2, _dequant_gather, {"encoding": Attr("str", REQUIRED, _ENC), "N": Attr("int"),
                                            "K": Attr("int")})
+_reg("Resize", 1, _resize, {
+    "scales": Attr("floats", None), "sizes": Attr("ints", None),
+    "mode": Attr("str", "nearest", ("nearest", "linear")),
+    "coordinate_transformation_mode": Attr("str", "half_pixel",
+                                           ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")),
+    "nearest_mode": Attr("str", "round_prefer_floor", ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil"))})
 _reg("RandomNormal", 0, _random, {"shape": Attr("ints"), "mean": Attr("float", 0.0), "scale": Attr("float", 1.0),
                                   "seed": Attr("int", 0), "dtype": Attr("dtype", "f32")}, kind="random")
 _reg("RandomUniform", 0, _random, {"shape": Attr("ints"), "low": Attr("float", 0.0), "high": Attr("float", 1.0),

@@ -339,6 +339,55 @@ def _d2s(xp, a, x):
     return y.reshape(n, c // (b * b), h * b, w * b)
 
 
+def _resize_coords(xp, a, d_in: int, d_out: int, scale: float):
+    """Source coordinate of every output index along one axis (ONNX coordinate_transformation_mode)."""
+    i = xp.arange(d_out, dtype=np.float64)
+    mode = a["coordinate_transformation_mode"]
+    if mode == "align_corners":
+        return i * ((d_in - 1) / (d_out - 1)) if d_out > 1 else xp.zeros(d_out)
+    if mode == "asymmetric":
+        return i / scale
+    if mode == "pytorch_half_pixel" and d_out == 1:
+        return xp.zeros(1)
+    return (i + 0.5) / scale - 0.5
+
+
+def _nearest(xp, a, c):
+    m = a["nearest_mode"]
+    if m == "floor":
+        return xp.floor(c)
+    if m == "ceil":
+        return xp.ceil(c)
+    half = (c - xp.floor(c)) == 0.5
+    if m == "round_prefer_floor":
+        return xp.where(half, xp.floor(c), xp.round(c))
+    return xp.where(half, xp.ceil(c), xp.round(c))
+
+
+@kernel("Resize")
+def _resize(xp, a, x):
+    """Separable resize, one axis at a time: nearest is a gather, linear a weighted pair of gathers."""
+    sizes = a["sizes"] or [int(math.floor(d * s)) for d, s in zip(x.shape, a["scales"])]
+    scales = a["scales"] or [o / d for o, d in zip(sizes, x.shape)]
+    if list(x.shape) == list(sizes):  # same output shape: a copy, whatever the scales (as onnxruntime does)
+        return x.copy()
+    y = x
+    for ax, (d_in, d_out, sc) in enumerate(zip(x.shape, sizes, scales)):
+        if d_in == d_out and sc == 1:
+            continue
+        c = _resize_coords(xp, a, d_in, d_out, sc)
+        if a["mode"] == "nearest":
+            idx = xp.clip(_nearest(xp, a, c), 0, d_in - 1).astype(np.int64)
+            y = xp.take(y, idx, axis=ax)
+            continue
+        c = xp.clip(c, 0, d_in - 1)
+        lo = xp.floor(c).astype(np.int64)
+        hi = xp.minimum(lo + 1, d_in - 1)
+        w = (c - lo).astype(x.dtype).reshape((-1,) + (1,) * (y.ndim - ax - 1))
+        y = xp.take(y, lo, axis=ax) * (x.dtype.type(1) - w) + xp.take(y, hi, axis=ax) * w
+    return y
+
+
 # ------------------------------------------------------------------ NN
 
 
