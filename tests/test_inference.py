@@ -60,6 +60,7 @@ CASES = {
                       ("f32", (B, 8))),
     "DequantGather": ([("u8", [100, 68]), ("i64", [B, "seq"])], {"encoding": "gguf_q8_0", "N": 100, "K": 64},
                       ("f32", (B, "seq", 64))),
+    "Einsum": ([("f32", [B, 4, 5]), ("f32", [5, 6])], {"equation": "...ij,jk->...ik"}, ("f32", (B, 4, 6))),
     "Resize": ([("f32", [B, 3, 4, 5])], {"scales": [1.0, 1.0, 2.0, 1.5], "mode": "linear"}, ("f32", (B, 3, 8, 7))),
     "RandomNormal": ([], {"shape": [2, 3]}, ("f32", (2, 3))),
     "RandomUniform": ([], {"shape": [4], "dtype": "f16"}, ("f16", (4,))),

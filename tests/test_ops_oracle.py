@@ -387,3 +387,26 @@ def test_random_resize_matches_onnxruntime(seed):
         ours = run_op("Resize", [x], {"scales": [float(v) for v in scales], **a})
         ref = ort_run("Resize", [x, None, scales], a, opset=13, const_inputs={2: 0})
     np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("eq,shapes", [
+    ("ij,jk->ik", [(3, 4), (4, 5)]), ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]), ("ij->ji", [(3, 4)]),
+    ("ii->i", [(4, 4)]), ("i,i", [(5,), (5,)]), ("...ij,...jk", [(2, 3, 4), (2, 4, 5)]),
+    ("bhqd,bhkd->bhqk", [(1, 2, 3, 4), (1, 2, 5, 4)]),
+    ("ij,jk,kl->il", [(2, 3), (3, 4), (4, 2)]), ("ijk", [(2, 3, 4)]), ("ij->", [(3, 4)]),
+])
+def test_einsum(eq, shapes):
+    ins = [R.standard_normal(s).astype(np.float32) for s in shapes]
+    ours = run_op("Einsum", ins, {"equation": eq})
+    np.testing.assert_allclose(ours, ort_run("Einsum", ins, {"equation": eq}, opset=12), rtol=1e-5, atol=1e-5)
+    from rlx_format import GraphBuilder
+    g = GraphBuilder()
+    g.output(g.einsum(*[g.input(f"i{k}", "f32", list(s)) for k, s in enumerate(shapes)], equation=eq, name="o"))
+    assert g.build().types["o"].shape == ours.shape
+
+
+def test_einsum_broadcast_ellipsis_against_numpy():
+    # onnxruntime refuses ellipses of different lengths; numpy is the oracle here
+    a, b = R.standard_normal((2, 3, 4)).astype(np.float32), R.standard_normal((4, 5)).astype(np.float32)
+    np.testing.assert_allclose(run_op("Einsum", [a, b], {"equation": "...ij,...jk"}), np.einsum("...ij,...jk", a, b),
+                               rtol=1e-5, atol=1e-6)  # BLAS-backed einsum sums in another order

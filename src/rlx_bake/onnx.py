@@ -177,6 +177,7 @@ LOWER["DepthToSpace"] = _attr_copy("DepthToSpace", ["blocksize", "mode"])
 LOWER["ArgMax"] = _attr_copy("ArgMax", ["axis", "keepdims", "select_last_index"])
 LOWER["ArgMin"] = _attr_copy("ArgMin", ["axis", "keepdims", "select_last_index"])
 LOWER["Range"] = _direct("Range")
+LOWER["Einsum"] = _attr_copy("Einsum", ["equation"])
 
 
 def _dropout(ctx, n, a):

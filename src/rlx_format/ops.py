@@ -700,6 +700,58 @@ def _dequant_gather(ctx: InferCtx) -> TensorType:
     return TensorType("f32", idx.shape + (k,))
 
 
+def parse_einsum(eq: str, ranks: list[int]) -> tuple[list[str], str]:
+    """Operand subscripts and output subscripts of an einsum equation, with '...' expanded to
+    upper-case letters (so every returned subscript is one letter per dim). Raises ValueError."""
+    eq = eq.replace(" ", "")
+    lhs, arrow, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(ranks):
+        raise ValueError(f"equation has {len(terms)} operands; got {len(ranks)} inputs")
+    n_ell = 0
+    for t, r in zip(terms, ranks):
+        if "..." in t:
+            n_ell = max(n_ell, r - len(t.replace("...", "")))
+    ell = "".join(chr(ord("Z") - i) for i in range(n_ell))[::-1]
+    out_terms = []
+    for t, r in zip(terms, ranks):
+        if not all(ch.isalpha() and ch.islower() for ch in t.replace("...", "")):
+            raise ValueError(f"operand subscripts {t!r} must be lower-case letters and '...'")
+        if "..." in t:
+            k = r - len(t.replace("...", ""))
+            t = t.replace("...", ell[n_ell - k:] if k else "")
+        if len(t) != r:
+            raise ValueError(f"subscripts {t!r} have {len(t)} letters; the operand has rank {r}")
+        out_terms.append(t)
+    if arrow:
+        out = rhs.replace("...", ell)
+        if not all(ch.isalpha() for ch in out) or len(set(out)) != len(out):
+            raise ValueError(f"output subscripts {rhs!r} must be distinct letters")
+        if any(ch not in "".join(out_terms) for ch in out):
+            raise ValueError(f"output subscripts {rhs!r} use a letter no operand has")
+    else:
+        letters = "".join(t for t in out_terms if t)
+        out = ell + "".join(sorted(ch for ch in set(letters) if ch.islower() and letters.count(ch) == 1))
+    return out_terms, out
+
+
+def _einsum(ctx: InferCtx) -> TensorType:
+    dt = _same_dtypes(ctx, tuple(range(len(ctx.inputs))))
+    try:
+        terms, out = parse_einsum(ctx.attrs["equation"], [t.rank for t in ctx.inputs])
+    except ValueError as e:
+        raise ctx.fail(f"equation {ctx.attrs['equation']!r}: {e}") from None
+    sizes: dict[str, Dim] = {}
+    for t, typ in zip(terms, ctx.inputs):
+        for ch, d in zip(t, typ.shape):
+            prev = sizes.get(ch)
+            if prev is None or prev == 1 or (isinstance(prev, str) and isinstance(d, int) and d != 1):
+                sizes[ch] = d
+            elif isinstance(d, int) and isinstance(prev, int) and d not in (1, prev):
+                raise ctx.fail(f"subscript {ch!r} is {prev} in one operand and {d} in another")
+    return TensorType(dt, tuple(sizes[ch] for ch in out))
+
+
 def _resize(ctx: InferCtx) -> TensorType:
     x = ctx.inputs[0]
     _require_float(ctx)
@@ -808,6 +860,7 @@ _reg("DequantMatMul", 2, _dequant_matmul, {"encoding": Attr("str", REQUIRED, _EN
                                            "K": Attr("int")})
 _reg("DequantGather", 2, _dequant_gather, {"encoding": Attr("str", REQUIRED, _ENC), "N": Attr("int"),
                                            "K": Attr("int")})
+_reg("Einsum", (1, 8), _einsum, {"equation": Attr("str")})
 _reg("Resize", 1, _resize, {
     "scales": Attr("floats", None), "sizes": Attr("ints", None),
     "mode": Attr("str", "nearest", ("nearest", "linear")),

@@ -394,6 +394,11 @@ def _resize(xp, a, x):
 KERNELS["MatMul"] = lambda xp, a, x, y: xp.matmul(x, y)
 
 
+@kernel("Einsum")
+def _einsum(xp, a, *xs):
+    return xp.einsum(a["equation"].replace(" ", ""), *xs, optimize=len(xs) > 1)
+
+
 def _spatial(a, nsp):
     return (a.get("strides") or [1] * nsp, a.get("dilations") or [1] * nsp, a.get("pads") or [0] * (2 * nsp))
 
