@@ -60,6 +60,8 @@ CASES = {
                       ("f32", (B, 8))),
     "DequantGather": ([("u8", [100, 68]), ("i64", [B, "seq"])], {"encoding": "gguf_q8_0", "N": 100, "K": 64},
                       ("f32", (B, "seq", 64))),
+    "Trilu": ([("f32", [B, 4, 4])], {"upper": 0, "k": 1}, ("f32", (B, 4, 4))),
+    "GatherElements": ([("f32", [B, 5]), ("i64", [B, 2])], {"axis": 1}, ("f32", (B, 2))),
     "Einsum": ([("f32", [B, 4, 5]), ("f32", [5, 6])], {"equation": "...ij,jk->...ik"}, ("f32", (B, 4, 6))),
     "Resize": ([("f32", [B, 3, 4, 5])], {"scales": [1.0, 1.0, 2.0, 1.5], "mode": "linear"}, ("f32", (B, 3, 8, 7))),
     "RandomNormal": ([], {"shape": [2, 3]}, ("f32", (2, 3))),
@@ -67,7 +69,7 @@ CASES = {
 }
 for _op in ["Neg", "Abs", "Exp", "Log", "Sqrt", "Rsqrt", "Reciprocal", "Sin", "Cos", "Tan", "Tanh", "Sigmoid",
             "Relu", "LeakyRelu", "Elu", "Selu", "Gelu", "Silu", "Softplus", "Softsign", "Erf", "Floor", "Ceil",
-            "Round", "Sign", "LogSoftmax"]:
+            "Round", "Sign", "LogSoftmax", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh"]:
     CASES[_op] = ([("f32", [B, 5])], {}, ("f32", (B, 5)))
 for _op in ["Sub", "Mul", "Div", "Pow", "Max", "Min"]:
     CASES[_op] = ([("f32", [B, 5]), ("f32", [5])], {}, ("f32", (B, 5)))

@@ -182,7 +182,7 @@ def test_dim_param_and_constant_nodes(tmp_path):
 
 def test_unsupported_ops_listed_together(tmp_path):
     nodes = [helper.make_node("Det", ["x"], ["a"]), helper.make_node("Det", ["x"], ["b"]),
-             helper.make_node("Trilu", ["x"], ["c"]), helper.make_node("Relu", ["c"], ["y"])]
+             helper.make_node("Hardmax", ["x"], ["c"]), helper.make_node("Relu", ["c"], ["y"])]
     m = _model(nodes, [_vi("x", [2, 2])], [_vi("y", None)], [numpy_helper.from_array(np.ones(2, np.float32), "sc")])
     p = tmp_path / "u.onnx"
     onnx.save(m, p)
@@ -190,7 +190,7 @@ def test_unsupported_ops_listed_together(tmp_path):
         import_onnx(p)
     msg = str(e.value)
     assert "3 node(s) use ops rlx does not support" in msg
-    assert "Det: 2 node(s), e.g. a, b" in msg and "Trilu: 1 node(s), e.g. c" in msg
+    assert "Det: 2 node(s), e.g. a, b" in msg and "Hardmax: 1 node(s), e.g. c" in msg
 
 
 def test_external_data_is_memory_mapped(tmp_path):
@@ -272,3 +272,21 @@ def test_einsum_import(tmp_path):
     node = helper.make_node("Einsum", ["a", "w"], ["y"], equation="bij,jk->bik")
     _compare(tmp_path, _model([node], [_vi("a", [2, 3, 4])], [_vi("y", None)], [numpy_helper.from_array(w, "w")], 12),
              {"a": a})
+
+
+def test_more_lowerings(tmp_path):
+    x = R.standard_normal((2, 3, 4)).astype(np.float32)
+    x[0, 0, 0], x[1, 1, 1] = np.nan, -np.inf
+    ints = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    nodes = [helper.make_node("IsNaN", ["x"], ["nan"]), helper.make_node("IsInf", ["x"], ["inf"]),
+             helper.make_node("IsInf", ["x"], ["ninf"], detect_positive=0),
+             helper.make_node("Size", ["x"], ["size"]),
+             helper.make_node("Where", ["nan", "zero", "x"], ["x0"]),
+             helper.make_node("Where", ["inf", "zero", "x0"], ["xc"]),
+             helper.make_node("ReduceL1", ["xc"], ["l1"], keepdims=1, axes=[1]),
+             helper.make_node("ReduceL2", ["xc"], ["l2"], keepdims=0, axes=[2]),
+             helper.make_node("ReduceLogSumExp", ["xc"], ["lse"], keepdims=0, axes=[1]),
+             helper.make_node("Trilu", ["xc", "k"], ["tri"], upper=0)]
+    inits = [numpy_helper.from_array(np.array(0, np.float32), "zero"), ints("k", 1)]
+    outs = [onnx.ValueInfoProto(name=n) for n in ("nan", "inf", "ninf", "size", "l1", "l2", "lse", "tri")]
+    _compare(tmp_path, _model(nodes, [_vi("x", [2, 3, 4])], outs, inits, 14), {"x": x})

@@ -50,7 +50,9 @@ J = R.integers(1, 7, (3, 4)).astype(np.int64) * np.where(R.random((3, 4)) < 0.5,
 UNARY = [("Identity", X), ("Neg", X), ("Abs", X), ("Exp", X), ("Log", POS), ("Sqrt", POS),
          ("Reciprocal", POS), ("Sin", X), ("Cos", X), ("Tan", X), ("Tanh", X), ("Sigmoid", X), ("Relu", X),
          ("Softplus", X), ("Softsign", X), ("Erf", X), ("Floor", X * 3), ("Ceil", X * 3), ("Sign", X),
-         ("Round", np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 0.49, -0.51], np.float32))]
+         ("Round", np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 0.49, -0.51], np.float32)),
+         ("Asin", np.tanh(X)), ("Acos", np.tanh(X)), ("Atan", X), ("Sinh", X), ("Cosh", X), ("Asinh", X),
+         ("Acosh", POS + 1), ("Atanh", np.tanh(X) * 0.9)]
 
 
 @pytest.mark.parametrize("op,x", UNARY, ids=[u[0] for u in UNARY])
@@ -410,3 +412,19 @@ def test_einsum_broadcast_ellipsis_against_numpy():
     a, b = R.standard_normal((2, 3, 4)).astype(np.float32), R.standard_normal((4, 5)).astype(np.float32)
     np.testing.assert_allclose(run_op("Einsum", [a, b], {"equation": "...ij,...jk"}), np.einsum("...ij,...jk", a, b),
                                rtol=1e-5, atol=1e-6)  # BLAS-backed einsum sums in another order
+
+
+@pytest.mark.parametrize("upper,k", [(1, 0), (0, 0), (1, 2), (0, -1)])
+def test_trilu(upper, k):
+    x = R.standard_normal((2, 4, 5)).astype(np.float32)
+    np.testing.assert_array_equal(run_op("Trilu", [x], {"upper": upper, "k": k}),
+                                  ort_run("Trilu", [x, np.array(k, np.int64)], {"upper": upper}, opset=14,
+                                          const_inputs={1: 0}))
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_gather_elements(axis):
+    x = R.standard_normal((3, 4)).astype(np.float32)
+    idx = R.integers(-3, 3, (3, 4)).astype(np.int64)
+    np.testing.assert_array_equal(run_op("GatherElements", [x, idx], {"axis": axis}),
+                                  ort_run("GatherElements", [x, idx], {"axis": axis}))

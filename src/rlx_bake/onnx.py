@@ -144,6 +144,7 @@ Lowering = Callable[[_Ctx, object, dict], None]
 LOWER: dict[str, Lowering] = {}
 
 _SAME = ["Abs", "Neg", "Exp", "Log", "Sqrt", "Reciprocal", "Sin", "Cos", "Tan", "Tanh", "Sigmoid", "Relu", "Erf",
+         "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh",
          "Floor", "Ceil", "Round", "Sign", "Not", "Softplus", "Softsign", "Identity", "Add", "Sub", "Mul", "Div",
          "Pow", "Equal", "Less", "LessEqual", "Greater", "GreaterEqual", "And", "Or", "Where", "MatMul",
          "GlobalAveragePool"]
@@ -178,6 +179,69 @@ LOWER["ArgMax"] = _attr_copy("ArgMax", ["axis", "keepdims", "select_last_index"]
 LOWER["ArgMin"] = _attr_copy("ArgMin", ["axis", "keepdims", "select_last_index"])
 LOWER["Range"] = _direct("Range")
 LOWER["Einsum"] = _attr_copy("Einsum", ["equation"])
+LOWER["GatherElements"] = _attr_copy("GatherElements", ["axis"])
+
+
+def _trilu_lower(ctx, n, a):
+    k = ctx.ints(n.input[1], "Trilu k")[0] if len(n.input) > 1 and n.input[1] else 0
+    ctx.emit("Trilu", [n.input[0]], {"upper": a.get("upper", 1), "k": k}, n.output[0])
+
+
+def _isnan(ctx, n, a):
+    x = n.input[0]
+    ctx.emit("Not", [ctx.emit("Equal", [x, x])], {}, n.output[0])  # NaN is the only value != itself
+
+
+def _isinf(ctx, n, a):
+    x = n.input[0]
+    pos, neg = a.get("detect_positive", 1), a.get("detect_negative", 1)
+    inf = ctx.const(np.array(np.inf, _np(ctx, x)))
+    if pos and neg:
+        ctx.emit("Equal", [ctx.emit("Abs", [x]), inf], {}, n.output[0])
+    elif pos:
+        ctx.emit("Equal", [x, inf], {}, n.output[0])
+    else:
+        ctx.emit("Equal", [x, ctx.emit("Neg", [inf])], {}, n.output[0])
+
+
+def _size(ctx, n, a):
+    ctx.emit("ReduceProd", [ctx.emit("Shape", [n.input[0]])], {"keepdims": 0}, n.output[0])
+
+
+def _reduce_composite(kind):
+    def lower(ctx, n, a):
+        x = n.input[0]
+        axes = _axes_from(ctx, n, a, 1)
+        keep = a.get("keepdims", 1)
+        if kind == "L1":
+            ctx.emit("ReduceSum", [ctx.emit("Abs", [x])], {"axes": axes, "keepdims": keep}, n.output[0])
+        elif kind == "L2":
+            s = ctx.emit("ReduceSum", [ctx.emit("Mul", [x, x])], {"axes": axes, "keepdims": keep})
+            ctx.emit("Sqrt", [s], {}, n.output[0])
+        elif kind == "LogSum":
+            ctx.emit("Log", [ctx.emit("ReduceSum", [x], {"axes": axes, "keepdims": keep})], {}, n.output[0])
+        else:  # LogSumExp, max-shifted so large inputs do not overflow
+            m = ctx.emit("ReduceMax", [x], {"axes": axes, "keepdims": 1})
+            s = ctx.emit("ReduceSum", [ctx.emit("Exp", [ctx.emit("Sub", [x, m])])], {"axes": axes, "keepdims": 1})
+            out = ctx.emit("Add", [ctx.emit("Log", [s]), m])
+            if keep:
+                ctx.emit("Identity", [out], {}, n.output[0])
+            else:
+                r = ctx.rank(x)
+                if r is None and axes is None:
+                    raise Unsupported("ReduceLogSumExp keepdims=0 on an input of unknown rank")
+                ctx.emit("Squeeze", [out], {"axes": axes if axes is not None else list(range(r))}, n.output[0])
+    return lower
+
+
+LOWER["Trilu"] = _trilu_lower
+LOWER["IsNaN"] = _isnan
+LOWER["IsInf"] = _isinf
+LOWER["Size"] = _size
+LOWER["ReduceL1"] = _reduce_composite("L1")
+LOWER["ReduceL2"] = _reduce_composite("L2")
+LOWER["ReduceLogSum"] = _reduce_composite("LogSum")
+LOWER["ReduceLogSumExp"] = _reduce_composite("LogSumExp")
 
 
 def _dropout(ctx, n, a):

@@ -735,6 +735,22 @@ def parse_einsum(eq: str, ranks: list[int]) -> tuple[list[str], str]:
     return out_terms, out
 
 
+def _trilu(ctx: InferCtx) -> TensorType:
+    if ctx.inputs[0].rank < 2:
+        raise ctx.fail(f"input rank {ctx.inputs[0].rank}; expected >= 2 (the last two dims form matrices)")
+    return ctx.inputs[0]
+
+
+def _gather_elements(ctx: InferCtx) -> TensorType:
+    x, idx = ctx.inputs
+    if idx.dtype not in ("i64", "i32"):
+        raise ctx.fail(f"indices have dtype {idx.dtype}; expected i64 or i32")
+    if idx.rank != x.rank:
+        raise ctx.fail(f"indices rank {idx.rank}; expected the data rank {x.rank}")
+    ctx.axis(ctx.attrs["axis"], x.rank)
+    return TensorType(x.dtype, idx.shape)
+
+
 def _einsum(ctx: InferCtx) -> TensorType:
     dt = _same_dtypes(ctx, tuple(range(len(ctx.inputs))))
     try:
@@ -790,7 +806,8 @@ def _reg(name, n_in, infer, attrs=None, kind="compute", doc=""):
 
 
 _FLOAT_UNARY = ["Exp", "Log", "Sqrt", "Rsqrt", "Reciprocal", "Sin", "Cos", "Tan", "Tanh", "Sigmoid",
-                "Silu", "Softplus", "Softsign", "Erf", "Floor", "Ceil", "Round"]
+                "Silu", "Softplus", "Softsign", "Erf", "Floor", "Ceil", "Round", "Asin", "Acos", "Atan", "Sinh",
+                "Cosh", "Asinh", "Acosh", "Atanh"]
 for _n in _FLOAT_UNARY:
     _reg(_n, 1, _float_unary)
 for _n in ["Neg", "Abs", "Relu", "Sign"]:
@@ -861,6 +878,8 @@ _reg("DequantMatMul", 2, _dequant_matmul, {"encoding": Attr("str", REQUIRED, _EN
 _reg("DequantGather", 2, _dequant_gather, {"encoding": Attr("str", REQUIRED, _ENC), "N": Attr("int"),
                                            "K": Attr("int")})
 _reg("Einsum", (1, 8), _einsum, {"equation": Attr("str")})
+_reg("Trilu", 1, _trilu, {"upper": Attr("int", 1, (0, 1)), "k": Attr("int", 0)})
+_reg("GatherElements", 2, _gather_elements, {"axis": Attr("int", 0)})
 _reg("Resize", 1, _resize, {
     "scales": Attr("floats", None), "sizes": Attr("ints", None),
     "mode": Attr("str", "nearest", ("nearest", "linear")),

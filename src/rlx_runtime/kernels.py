@@ -79,6 +79,14 @@ _unary("Erf", lambda xp, x: _erf(xp, x))
 _unary("Floor", lambda xp, x: xp.floor(x))
 _unary("Ceil", lambda xp, x: xp.ceil(x))
 _unary("Round", lambda xp, x: xp.round(x))  # half to even
+_unary("Asin", lambda xp, x: xp.arcsin(x))
+_unary("Acos", lambda xp, x: xp.arccos(x))
+_unary("Atan", lambda xp, x: xp.arctan(x))
+_unary("Sinh", lambda xp, x: xp.sinh(x))
+_unary("Cosh", lambda xp, x: xp.cosh(x))
+_unary("Asinh", lambda xp, x: xp.arcsinh(x))
+_unary("Acosh", lambda xp, x: xp.arccosh(x))
+_unary("Atanh", lambda xp, x: xp.arctanh(x))
 _unary("Sign", lambda xp, x: xp.sign(x))
 _unary("Not", lambda xp, x: xp.logical_not(x))
 
@@ -392,6 +400,18 @@ def _resize(xp, a, x):
 
 
 KERNELS["MatMul"] = lambda xp, a, x, y: xp.matmul(x, y)
+
+
+@kernel("Trilu")
+def _trilu(xp, a, x):
+    return xp.triu(x, a["k"]) if a["upper"] else xp.tril(x, a["k"])
+
+
+@kernel("GatherElements")
+def _gather_elements(xp, a, x, idx):
+    ax = a["axis"] % x.ndim
+    i = idx.astype(np.int64)
+    return xp.take_along_axis(x, xp.where(i < 0, i + x.shape[ax], i), axis=ax)
 
 
 @kernel("Einsum")
