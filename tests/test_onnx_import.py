@@ -290,3 +290,23 @@ def test_more_lowerings(tmp_path):
     inits = [numpy_helper.from_array(np.array(0, np.float32), "zero"), ints("k", 1)]
     outs = [onnx.ValueInfoProto(name=n) for n in ("nan", "inf", "ninf", "size", "l1", "l2", "lse", "tri")]
     _compare(tmp_path, _model(nodes, [_vi("x", [2, 3, 4])], outs, inits, 14), {"x": x})
+
+
+@pytest.mark.parametrize("opset", [13, 19])
+def test_qdq_model_imports_and_weight_dequantization_folds(tmp_path, opset):
+    """A QDQ model: the input goes through Quantize/DequantizeLinear, the int8 per-channel weight through
+    DequantizeLinear. After `exact`, the weight's dequantization is a folded constant."""
+    w = R.integers(-127, 127, (8, 6)).astype(np.int8)
+    w_scale = (np.abs(R.standard_normal(6)) * 0.02 + 0.01).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "w_q"), numpy_helper.from_array(w_scale, "w_s"),
+             numpy_helper.from_array(np.array(0.05, np.float32), "x_s"),
+             numpy_helper.from_array(np.array(128, np.uint8), "x_zp")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "x_s", "x_zp"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "x_s", "x_zp"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["w_q", "w_s"], ["wd"], axis=1),
+             helper.make_node("MatMul", ["xd", "wd"], ["y"])]
+    x = R.standard_normal((3, 8)).astype(np.float32)
+    graph = _compare(tmp_path, _model(nodes, [_vi("x", [3, 8])], [_vi("y", None)], inits, opset), {"x": x})
+    rf, _ = bake(graph, import_onnx(tmp_path / "m.onnx")[1], BakeOptions.from_profile("exact"))
+    ops = [n.op for n in rf.graph.nodes]
+    assert ops.count("MatMul") == 1 and "Reshape" not in ops  # the per-channel weight path folded away

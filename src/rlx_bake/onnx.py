@@ -234,6 +234,53 @@ def _reduce_composite(kind):
     return lower
 
 
+def _per_axis(ctx, n, a, name: str, x: str) -> str:
+    """A scale/zero-point operand shaped to broadcast along `axis` of x (per-axis quantization)."""
+    v = ctx.value(name)
+    t = ctx.types.get(name)
+    rank1 = (v is not None and v.ndim == 1 and v.size > 1) or (t is not None and t[1] is not None and len(t[1]) == 1
+                                                               and t[1][0] != 1)
+    if not rank1:
+        return name
+    r = ctx.rank(x)
+    if r is None:
+        raise Unsupported("per-axis (de)quantization on an input of unknown rank")
+    axis = a.get("axis", 1) % r
+    return ctx.emit("Reshape", [name], {"shape": [-1 if i == axis else 1 for i in range(r)]})
+
+
+def _dequantize_linear(ctx, n, a):
+    if a.get("block_size", 0):
+        raise Unsupported("DequantizeLinear block_size")
+    x, scale = n.input[0], n.input[1]
+    s = _per_axis(ctx, n, a, scale, x)
+    xf = ctx.emit("Cast", [x], {"to": ctx.dtype(scale) or "f32"})
+    if len(n.input) > 2 and n.input[2]:
+        zp = ctx.emit("Cast", [_per_axis(ctx, n, a, n.input[2], x)], {"to": ctx.dtype(scale) or "f32"})
+        xf = ctx.emit("Sub", [xf, zp])
+    ctx.emit("Mul", [xf, s], {}, n.output[0])
+
+
+_QRANGE = {"u8": (0, 255), "i8": (-128, 127), "i16": (-32768, 32767), "i32": (-(2**31), 2**31 - 1)}
+
+
+def _quantize_linear(ctx, n, a):
+    if a.get("block_size", 0):
+        raise Unsupported("QuantizeLinear block_size")
+    x, scale = n.input[0], n.input[1]
+    has_zp = len(n.input) > 2 and n.input[2]
+    out_t = ctx.dtype(n.input[2]) if has_zp else _DTYPES.get(a.get("output_dtype", 2), "u8")
+    if out_t not in _QRANGE:
+        raise Unsupported(f"QuantizeLinear to {out_t}")
+    q = ctx.emit("Round", [ctx.emit("Div", [x, _per_axis(ctx, n, a, scale, x)])])  # half to even, as ONNX
+    if has_zp:
+        q = ctx.emit("Add", [q, ctx.emit("Cast", [_per_axis(ctx, n, a, n.input[2], x)], {"to": ctx.dtype(x) or "f32"})])
+    lo, hi = _QRANGE[out_t]
+    ctx.emit("Cast", [ctx.emit("Clip", [q], {"min": float(lo), "max": float(hi)})], {"to": out_t}, n.output[0])
+
+
+LOWER["DequantizeLinear"] = _dequantize_linear
+LOWER["QuantizeLinear"] = _quantize_linear
 LOWER["Trilu"] = _trilu_lower
 LOWER["IsNaN"] = _isnan
 LOWER["IsInf"] = _isinf
@@ -803,6 +850,9 @@ def _constant(ctx, n, a):
         raise Unsupported("Constant with a sparse or string value")
     ctx.consts[n.output[0]] = np.array(arr, order="C")
     ctx.names.add(n.output[0])
+    dt = _DTYPES.get(a["value"].data_type) if "value" in a else ("f32" if arr.dtype.kind == "f" else "i64")
+    if dt is not None:
+        ctx.types[n.output[0]] = (dt, tuple(arr.shape))
 
 
 LOWER["Constant"] = _constant
@@ -856,6 +906,7 @@ def import_onnx(path: str | os.PathLike) -> tuple[Graph, WeightSet]:
         except Exception as e:  # noqa: BLE001 - onnx/numpy raise many types for corrupt tensors
             raise RlxError(f"{path}: initializer {t.name!r} is malformed ({type(e).__name__}: {e})") from None
         ctx.init_dtype[t.name] = _DTYPES.get(t.data_type, "?")
+        ctx.types[t.name] = (ctx.init_dtype[t.name], tuple(ctx.inits[t.name].shape))
         ctx.names.add(t.name)
     init_names = set(ctx.inits)
     inputs = []
