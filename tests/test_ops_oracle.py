@@ -428,3 +428,25 @@ def test_gather_elements(axis):
     idx = R.integers(-3, 3, (3, 4)).astype(np.int64)
     np.testing.assert_array_equal(run_op("GatherElements", [x, idx], {"axis": axis}),
                                   ort_run("GatherElements", [x, idx], {"axis": axis}))
+
+
+@pytest.mark.parametrize("reduction", ["none", "add", "mul", "max", "min"])
+def test_scatter_nd(reduction):
+    x = R.standard_normal((4, 5, 3)).astype(np.float32)
+    idx = np.array([[0, 1], [3, -1], [2, 2]], np.int64) if reduction == "none" else np.array([[0, 1], [0, 1], [2, 2]],
+                                                                                             np.int64)
+    upd = R.standard_normal((3, 3)).astype(np.float32)
+    a = {"reduction": reduction}
+    np.testing.assert_allclose(run_op("ScatterND", [x, idx, upd], a), ort_run("ScatterND", [x, idx, upd], a),
+                               rtol=1e-6)
+
+
+@pytest.mark.parametrize("axis,reduction", [(0, "none"), (1, "none"), (-1, "add"), (0, "max")])
+def test_scatter_elements(axis, reduction):
+    x = R.standard_normal((3, 4)).astype(np.float32)
+    idx = np.array([[1, 0, 2, -1], [0, 2, 1, 0]], np.int64) if axis != 1 and axis != -1 else \
+        np.array([[1, 3], [0, -2], [2, 1]], np.int64)
+    upd = R.standard_normal(idx.shape).astype(np.float32)
+    a = {"axis": axis, "reduction": reduction}
+    np.testing.assert_allclose(run_op("ScatterElements", [x, idx, upd], a),
+                               ort_run("ScatterElements", [x, idx, upd], a), rtol=1e-6)

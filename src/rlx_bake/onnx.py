@@ -180,6 +180,8 @@ LOWER["ArgMin"] = _attr_copy("ArgMin", ["axis", "keepdims", "select_last_index"]
 LOWER["Range"] = _direct("Range")
 LOWER["Einsum"] = _attr_copy("Einsum", ["equation"])
 LOWER["GatherElements"] = _attr_copy("GatherElements", ["axis"])
+LOWER["ScatterND"] = _attr_copy("ScatterND", ["reduction"])
+LOWER["ScatterElements"] = _attr_copy("ScatterElements", ["axis", "reduction"])
 
 
 def _trilu_lower(ctx, n, a):

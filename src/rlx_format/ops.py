@@ -751,6 +751,30 @@ def _gather_elements(ctx: InferCtx) -> TensorType:
     return TensorType(x.dtype, idx.shape)
 
 
+def _scatter_nd(ctx: InferCtx) -> TensorType:
+    x, idx, upd = ctx.inputs
+    if idx.dtype not in ("i64", "i32"):
+        raise ctx.fail(f"indices have dtype {idx.dtype}; expected i64 or i32")
+    if upd.dtype != x.dtype:
+        raise ctx.fail(f"updates dtype {upd.dtype}; expected the data dtype {x.dtype}")
+    if idx.rank < 1 or not isinstance(idx.shape[-1], int) or idx.shape[-1] > x.rank:
+        raise ctx.fail(f"indices shape {list(idx.shape)}: the last dim must be static and <= data rank {x.rank}")
+    want = idx.shape[:-1] + x.shape[idx.shape[-1]:]
+    if upd.rank != len(want) or not all(dims_equal_or_symbolic(a, b) for a, b in zip(upd.shape, want)):
+        raise ctx.fail(f"updates shape {list(upd.shape)}; expected {list(want)}")
+    return x
+
+
+def _scatter_elements(ctx: InferCtx) -> TensorType:
+    x, idx, upd = ctx.inputs
+    if idx.dtype not in ("i64", "i32"):
+        raise ctx.fail(f"indices have dtype {idx.dtype}; expected i64 or i32")
+    if upd.dtype != x.dtype or idx.rank != x.rank or upd.rank != x.rank:
+        raise ctx.fail("data, indices and updates must share a rank, and data/updates a dtype")
+    ctx.axis(ctx.attrs["axis"], x.rank)
+    return x
+
+
 def _einsum(ctx: InferCtx) -> TensorType:
     dt = _same_dtypes(ctx, tuple(range(len(ctx.inputs))))
     try:
@@ -878,6 +902,9 @@ _reg("DequantMatMul", 2, _dequant_matmul, {"encoding": Attr("str", REQUIRED, _EN
 _reg("DequantGather", 2, _dequant_gather, {"encoding": Attr("str", REQUIRED, _ENC), "N": Attr("int"),
                                            "K": Attr("int")})
 _reg("Einsum", (1, 8), _einsum, {"equation": Attr("str")})
+_REDUCTIONS = ("none", "add", "mul", "max", "min")
+_reg("ScatterND", 3, _scatter_nd, {"reduction": Attr("str", "none", _REDUCTIONS)})
+_reg("ScatterElements", 3, _scatter_elements, {"axis": Attr("int", 0), "reduction": Attr("str", "none", _REDUCTIONS)})
 _reg("Trilu", 1, _trilu, {"upper": Attr("int", 1, (0, 1)), "k": Attr("int", 0)})
 _reg("GatherElements", 2, _gather_elements, {"axis": Attr("int", 0)})
 _reg("Resize", 1, _resize, {

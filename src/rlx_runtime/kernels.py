@@ -414,6 +414,39 @@ def _gather_elements(xp, a, x, idx):
     return xp.take_along_axis(x, xp.where(i < 0, i + x.shape[ax], i), axis=ax)
 
 
+_SCATTER_UFUNC = {"add": "add", "mul": "multiply", "max": "maximum", "min": "minimum"}
+
+
+@kernel("ScatterND")
+def _scatter_nd(xp, a, x, idx, upd):
+    out = x.copy()
+    k = idx.shape[-1]
+    flat_idx = idx.reshape(-1, k).astype(np.int64)
+    flat_idx = xp.where(flat_idx < 0, flat_idx + xp.asarray(x.shape[:k]), flat_idx)
+    target = tuple(flat_idx[:, j] for j in range(k))
+    vals = upd.reshape((-1,) + x.shape[k:])
+    if a["reduction"] == "none":
+        out[target] = vals  # duplicate indices: the last update wins (ONNX leaves the order undefined)
+    else:
+        getattr(xp, _SCATTER_UFUNC[a["reduction"]]).at(out, target, vals)
+    return out
+
+
+@kernel("ScatterElements")
+def _scatter_elements(xp, a, x, idx, upd):
+    out = x.copy()
+    ax = a["axis"] % x.ndim
+    i = idx.astype(np.int64)
+    i = xp.where(i < 0, i + x.shape[ax], i)
+    grid = list(xp.indices(idx.shape, sparse=True))
+    grid[ax] = i
+    if a["reduction"] == "none":
+        out[tuple(grid)] = upd
+    else:
+        getattr(xp, _SCATTER_UFUNC[a["reduction"]]).at(out, tuple(grid), upd)
+    return out
+
+
 @kernel("Einsum")
 def _einsum(xp, a, *xs):
     return xp.einsum(a["equation"].replace(" ", ""), *xs, optimize=len(xs) > 1)
