@@ -310,3 +310,12 @@ def test_qdq_model_imports_and_weight_dequantization_folds(tmp_path, opset):
     rf, _ = bake(graph, import_onnx(tmp_path / "m.onnx")[1], BakeOptions.from_profile("exact"))
     ops = [n.op for n in rf.graph.nodes]
     assert ops.count("MatMul") == 1 and "Reshape" not in ops  # the per-channel weight path folded away
+
+
+@pytest.mark.parametrize("largest,axis", [(1, -1), (0, 0), (1, 1)])
+def test_topk_import(tmp_path, largest, axis):
+    x = np.round(R.standard_normal((4, 6)) * 2).astype(np.float32)  # ties
+    node = helper.make_node("TopK", ["x", "k"], ["v", "i"], axis=axis, largest=largest)
+    m = _model([node], [_vi("x", [4, 6])], [_vi("v", None), onnx.ValueInfoProto(name="i")],
+               [numpy_helper.from_array(np.array([3], np.int64), "k")], 11)
+    _compare(tmp_path, m, {"x": x}, rtol=0, atol=0)

@@ -181,6 +181,19 @@ LOWER["Range"] = _direct("Range")
 LOWER["Einsum"] = _attr_copy("Einsum", ["equation"])
 LOWER["GatherElements"] = _attr_copy("GatherElements", ["axis"])
 LOWER["ScatterND"] = _attr_copy("ScatterND", ["reduction"])
+
+
+def _topk_lower(ctx, n, a):
+    k = a["k"] if ctx.opset < 10 else ctx.ints(n.input[1], "TopK k")[0]
+    if a.get("sorted", 1) == 0:
+        pass  # unsorted output order is implementation-defined: sorted satisfies it
+    base = {"k": k, "axis": a.get("axis", -1), "largest": a.get("largest", 1)}
+    for out, kind in zip(n.output, ("values", "indices")):
+        if out:
+            ctx.emit("TopK", [n.input[0]], {**base, "output": kind}, out)
+
+
+LOWER["TopK"] = _topk_lower
 LOWER["ScatterElements"] = _attr_copy("ScatterElements", ["axis", "reduction"])
 
 

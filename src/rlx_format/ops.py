@@ -775,6 +775,18 @@ def _scatter_elements(ctx: InferCtx) -> TensorType:
     return x
 
 
+def _topk(ctx: InferCtx) -> TensorType:
+    x = ctx.inputs[0]
+    if x.dtype == "bool":
+        raise ctx.fail("TopK of bool; expected a numeric dtype")
+    ax = ctx.axis(ctx.attrs["axis"], x.rank)
+    k = ctx.attrs["k"]
+    if k < 0 or (isinstance(x.shape[ax], int) and k > x.shape[ax]):
+        raise ctx.fail(f"k={k} is outside [0, {x.shape[ax]}] for axis {ax}")
+    shape = x.shape[:ax] + (k,) + x.shape[ax + 1:]
+    return TensorType("i64" if ctx.attrs["output"] == "indices" else x.dtype, shape)
+
+
 def _einsum(ctx: InferCtx) -> TensorType:
     dt = _same_dtypes(ctx, tuple(range(len(ctx.inputs))))
     try:
@@ -905,6 +917,8 @@ _reg("Einsum", (1, 8), _einsum, {"equation": Attr("str")})
 _REDUCTIONS = ("none", "add", "mul", "max", "min")
 _reg("ScatterND", 3, _scatter_nd, {"reduction": Attr("str", "none", _REDUCTIONS)})
 _reg("ScatterElements", 3, _scatter_elements, {"axis": Attr("int", 0), "reduction": Attr("str", "none", _REDUCTIONS)})
+_reg("TopK", 1, _topk, {"k": Attr("int"), "axis": Attr("int", -1), "largest": Attr("int", 1, (0, 1)),
+                        "output": Attr("str", "values", ("values", "indices"))})
 _reg("Trilu", 1, _trilu, {"upper": Attr("int", 1, (0, 1)), "k": Attr("int", 0)})
 _reg("GatherElements", 2, _gather_elements, {"axis": Attr("int", 0)})
 _reg("Resize", 1, _resize, {

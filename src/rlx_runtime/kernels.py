@@ -447,6 +447,17 @@ def _scatter_elements(xp, a, x, idx, upd):
     return out
 
 
+@kernel("TopK")
+def _topk(xp, a, x):
+    """The k largest (smallest) along axis, sorted; ties keep the lower index first (stable sort)."""
+    ax = a["axis"] % x.ndim
+    order = xp.argsort(-x if a["largest"] else x, axis=ax, kind="stable")
+    idx = xp.take(order, xp.arange(a["k"]), axis=ax)
+    if a["output"] == "indices":
+        return idx.astype(np.int64)
+    return xp.take_along_axis(x, idx, axis=ax)
+
+
 @kernel("Einsum")
 def _einsum(xp, a, *xs):
     return xp.einsum(a["equation"].replace(" ", ""), *xs, optimize=len(xs) > 1)
