@@ -319,3 +319,13 @@ def test_topk_import(tmp_path, largest, axis):
     m = _model([node], [_vi("x", [4, 6])], [_vi("v", None), onnx.ValueInfoProto(name="i")],
                [numpy_helper.from_array(np.array([3], np.int64), "k")], 11)
     _compare(tmp_path, m, {"x": x}, rtol=0, atol=0)
+
+
+def test_activation_lowerings(tmp_path):
+    x = (R.standard_normal((3, 5)) * 3).astype(np.float32)
+    nodes = [helper.make_node("HardSwish", ["x"], ["a"]), helper.make_node("Mish", ["x"], ["b"]),
+             helper.make_node("Celu", ["x"], ["c"], alpha=0.7),
+             helper.make_node("ThresholdedRelu", ["x"], ["d"], alpha=0.4),
+             helper.make_node("Shrink", ["x"], ["e"], lambd=0.8, bias=0.3)]
+    outs = [_vi(n, None) for n in "abcde"]
+    _compare(tmp_path, _model(nodes, [_vi("x", [3, 5])], outs, [], 18), {"x": x})

@@ -418,6 +418,52 @@ def _hard_sigmoid(ctx, n, a):
 LOWER["HardSigmoid"] = _hard_sigmoid
 
 
+def _hard_swish(ctx, n, a):
+    x = n.input[0]
+    dt = _np(ctx, x)
+    lin = ctx.emit("Add", [ctx.emit("Mul", [x, ctx.const(np.array(1 / 6, dt))]), ctx.const(np.array(0.5, dt))])
+    hs = ctx.emit("Clip", [lin], {"min": 0.0, "max": 1.0})
+    ctx.emit("Mul", [x, hs], {}, n.output[0])
+
+
+def _mish(ctx, n, a):
+    x = n.input[0]
+    ctx.emit("Mul", [x, ctx.emit("Tanh", [ctx.emit("Softplus", [x])])], {}, n.output[0])
+
+
+def _celu(ctx, n, a):
+    x = n.input[0]
+    dt = _np(ctx, x)
+    alpha = ctx.const(np.array(a.get("alpha", 1.0), dt))
+    zero = ctx.const(np.array(0, dt))
+    neg = ctx.emit("Mul", [alpha, ctx.emit("Sub", [ctx.emit("Exp", [ctx.emit("Div", [x, alpha])]),
+                                                   ctx.const(np.array(1, dt))])])
+    ctx.emit("Add", [ctx.emit("Max", [x, zero]), ctx.emit("Min", [neg, zero])], {}, n.output[0])
+
+
+def _thresholded_relu(ctx, n, a):
+    x = n.input[0]
+    dt = _np(ctx, x)
+    ctx.emit("Where", [ctx.emit("Greater", [x, ctx.const(np.array(a.get("alpha", 1.0), dt))]), x,
+                       ctx.const(np.array(0, dt))], {}, n.output[0])
+
+
+def _shrink(ctx, n, a):
+    x = n.input[0]
+    dt = _np(ctx, x)
+    lambd, bias = ctx.const(np.array(a.get("lambd", 0.5), dt)), ctx.const(np.array(a.get("bias", 0.0), dt))
+    zero = ctx.const(np.array(0, dt))
+    low = ctx.emit("Where", [ctx.emit("Less", [x, ctx.emit("Neg", [lambd])]), ctx.emit("Add", [x, bias]), zero])
+    ctx.emit("Where", [ctx.emit("Greater", [x, lambd]), ctx.emit("Sub", [x, bias]), low], {}, n.output[0])
+
+
+LOWER["HardSwish"] = _hard_swish
+LOWER["Mish"] = _mish
+LOWER["Celu"] = _celu
+LOWER["ThresholdedRelu"] = _thresholded_relu
+LOWER["Shrink"] = _shrink
+
+
 def _prelu(ctx, n, a):
     x, slope = n.input[0], n.input[1]
     xr = ctx.rank(x)
