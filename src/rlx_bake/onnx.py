@@ -407,12 +407,14 @@ def _clip(ctx, n, a):
 LOWER["Clip"] = _clip
 
 
-def _hard_sigmoid(ctx, n, a):
-    x = n.input[0]
+def _emit_hard_sigmoid(ctx, x: str, alpha: float, beta: float, name: str | None = None) -> str:
     dt = _np(ctx, x)
-    lin = ctx.emit("Add", [ctx.emit("Mul", [x, ctx.const(np.array(a.get("alpha", 0.2), dt))]),
-                           ctx.const(np.array(a.get("beta", 0.5), dt))])
-    ctx.emit("Clip", [lin], {"min": 0.0, "max": 1.0}, n.output[0])
+    lin = ctx.emit("Add", [ctx.emit("Mul", [x, ctx.const(np.array(alpha, dt))]), ctx.const(np.array(beta, dt))])
+    return ctx.emit("Clip", [lin], {"min": 0.0, "max": 1.0}, name)
+
+
+def _hard_sigmoid(ctx, n, a):
+    _emit_hard_sigmoid(ctx, n.input[0], a.get("alpha", 0.2), a.get("beta", 0.5), n.output[0])
 
 
 LOWER["HardSigmoid"] = _hard_sigmoid
@@ -420,10 +422,7 @@ LOWER["HardSigmoid"] = _hard_sigmoid
 
 def _hard_swish(ctx, n, a):
     x = n.input[0]
-    dt = _np(ctx, x)
-    lin = ctx.emit("Add", [ctx.emit("Mul", [x, ctx.const(np.array(1 / 6, dt))]), ctx.const(np.array(0.5, dt))])
-    hs = ctx.emit("Clip", [lin], {"min": 0.0, "max": 1.0})
-    ctx.emit("Mul", [x, hs], {}, n.output[0])
+    ctx.emit("Mul", [x, _emit_hard_sigmoid(ctx, x, 1 / 6, 0.5)], {}, n.output[0])
 
 
 def _mish(ctx, n, a):
