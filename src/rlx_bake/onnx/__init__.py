@@ -1,0 +1,13 @@
+"""ONNX import: `import_onnx(path) -> (Graph, weights)`, lowering ONNX ops to the rlx catalogue.
+
+Initializers become params with their weights (so the bake specializes, folds and packs them);
+Constant nodes become constants; `dim_param` becomes a symbolic dim. Shape-like operands given
+as inputs in newer opsets (Reshape/Slice/Pad/Squeeze/Unsqueeze/ReduceX/Clip/Split/...) are read at
+import time when they are constants and become attrs. External-data tensors are memory-mapped
+from their files (never copied twice). Every unsupported op is reported in one error.
+Needs the `onnx` extra.
+"""
+
+from .importer import import_onnx
+
+__all__ = ["import_onnx"]

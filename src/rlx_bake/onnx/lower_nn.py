@@ -1,0 +1,233 @@
+"""Lowerings: Gemm, convolution, pooling, normalization, LRN and QDQ (Quantize/DequantizeLinear)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .context import LOWER, Unsupported, _DTYPES, _np
+
+
+def _per_axis(ctx, n, a, name: str, x: str) -> str:
+    """A scale/zero-point operand shaped to broadcast along `axis` of x (per-axis quantization)."""
+    v = ctx.value(name)
+    t = ctx.types.get(name)
+    rank1 = (v is not None and v.ndim == 1 and v.size > 1) or (t is not None and t[1] is not None and len(t[1]) == 1
+                                                               and t[1][0] != 1)
+    if not rank1:
+        return name
+    r = ctx.rank(x)
+    if r is None:
+        raise Unsupported("per-axis (de)quantization on an input of unknown rank")
+    axis = a.get("axis", 1) % r
+    return ctx.emit("Reshape", [name], {"shape": [-1 if i == axis else 1 for i in range(r)]})
+
+
+def _dequantize_linear(ctx, n, a):
+    if a.get("block_size", 0):
+        raise Unsupported("DequantizeLinear block_size")
+    x, scale = n.input[0], n.input[1]
+    s = _per_axis(ctx, n, a, scale, x)
+    xf = ctx.emit("Cast", [x], {"to": ctx.dtype(scale) or "f32"})
+    if len(n.input) > 2 and n.input[2]:
+        zp = ctx.emit("Cast", [_per_axis(ctx, n, a, n.input[2], x)], {"to": ctx.dtype(scale) or "f32"})
+        xf = ctx.emit("Sub", [xf, zp])
+    ctx.emit("Mul", [xf, s], {}, n.output[0])
+
+
+_QRANGE = {"u8": (0, 255), "i8": (-128, 127), "i16": (-32768, 32767), "i32": (-(2**31), 2**31 - 1)}
+
+
+def _quantize_linear(ctx, n, a):
+    if a.get("block_size", 0):
+        raise Unsupported("QuantizeLinear block_size")
+    x, scale = n.input[0], n.input[1]
+    has_zp = len(n.input) > 2 and n.input[2]
+    out_t = ctx.dtype(n.input[2]) if has_zp else _DTYPES.get(a.get("output_dtype", 2), "u8")
+    if out_t not in _QRANGE:
+        raise Unsupported(f"QuantizeLinear to {out_t}")
+    q = ctx.emit("Round", [ctx.emit("Div", [x, _per_axis(ctx, n, a, scale, x)])])  # half to even, as ONNX
+    if has_zp:
+        q = ctx.emit("Add", [q, ctx.emit("Cast", [_per_axis(ctx, n, a, n.input[2], x)], {"to": ctx.dtype(x) or "f32"})])
+    lo, hi = _QRANGE[out_t]
+    ctx.emit("Cast", [ctx.emit("Clip", [q], {"min": float(lo), "max": float(hi)})], {"to": out_t}, n.output[0])
+
+
+LOWER["DequantizeLinear"] = _dequantize_linear
+LOWER["QuantizeLinear"] = _quantize_linear
+
+
+def _gemm(ctx, n, a):
+    A, B = n.input[0], n.input[1]
+    if a.get("transA", 0):
+        A = ctx.emit("Transpose", [A], {"perm": [1, 0]})
+    if a.get("transB", 0):
+        B = ctx.emit("Transpose", [B], {"perm": [1, 0]})
+    dt = _np(ctx, n.input[0])
+    y = ctx.emit("MatMul", [A, B])
+    alpha, beta = a.get("alpha", 1.0), a.get("beta", 1.0)
+    has_c = len(n.input) > 2 and n.input[2]
+    if alpha != 1.0:
+        y = ctx.emit("Mul", [y, ctx.const(np.array(alpha, dt))], {}, None if has_c else n.output[0])
+    if has_c:
+        c = n.input[2]
+        if beta != 1.0:
+            c = ctx.emit("Mul", [c, ctx.const(np.array(beta, dt))])
+        ctx.emit("Add", [y, c], {}, n.output[0])
+    elif alpha == 1.0:
+        ctx.emit("Identity", [y], {}, n.output[0])
+
+
+LOWER["Gemm"] = _gemm
+
+
+def _auto_pad(ctx, n, a, kernel):
+    mode = a.get("auto_pad", "NOTSET")
+    if mode in ("NOTSET", "VALID"):
+        return a.get("pads") if mode == "NOTSET" else [0] * (2 * len(kernel))
+    t = ctx.types.get(n.input[0])
+    if t is None or not all(isinstance(d, int) for d in t[1][2:]):
+        raise Unsupported(f"auto_pad={mode} on an input whose spatial dims are unknown at import time")
+    strides = a.get("strides") or [1] * len(kernel)
+    dil = a.get("dilations") or [1] * len(kernel)
+    begin, end = [], []
+    for d, k, s, dl in zip(t[1][2:], kernel, strides, dil):
+        out = -(-d // s)
+        total = max(0, (out - 1) * s + (k - 1) * dl + 1 - d)
+        small, big = total // 2, total - total // 2
+        begin.append(big if mode == "SAME_LOWER" else small)
+        end.append(small if mode == "SAME_LOWER" else big)
+    return begin + end
+
+
+def _conv(op):
+    def lower(ctx, n, a):
+        w = ctx.value(n.input[1])
+        kernel = a.get("kernel_shape") or (list(w.shape[2:]) if w is not None else None)
+        if kernel is None:
+            raise Unsupported(f"{op} with a run-time weight and no kernel_shape")
+        if a.get("output_shape"):
+            raise Unsupported("ConvTranspose output_shape")
+        attrs = {k: a[k] for k in ("strides", "dilations", "group", "output_padding") if k in a}
+        if op == "Conv":
+            attrs.pop("output_padding", None)
+        pads = _auto_pad(ctx, n, a, kernel)
+        if pads is not None:
+            attrs["pads"] = list(pads)
+        ctx.emit(op, [i for i in n.input if i], attrs, n.output[0])
+    return lower
+
+
+LOWER["Conv"] = _conv("Conv")
+LOWER["ConvTranspose"] = _conv("ConvTranspose")
+
+
+def _pool(op):
+    def lower(ctx, n, a):
+        if len(n.output) > 1 and n.output[1]:
+            raise Unsupported(f"{op} indices output")
+        if a.get("storage_order", 0):
+            raise Unsupported(f"{op} storage_order=1")
+        kernel = a["kernel_shape"]
+        attrs = {"kernel_shape": kernel, "ceil_mode": a.get("ceil_mode", 0)}
+        if a.get("strides"):
+            attrs["strides"] = a["strides"]
+        pads = _auto_pad(ctx, n, a, kernel)
+        if pads is not None:
+            attrs["pads"] = list(pads)
+        if op == "MaxPool" and a.get("dilations"):
+            attrs["dilations"] = a["dilations"]
+        if op == "AveragePool":
+            if a.get("dilations") and any(d != 1 for d in a["dilations"]):
+                raise Unsupported("AveragePool with dilations")
+            attrs["count_include_pad"] = a.get("count_include_pad", 0)
+        ctx.emit(op, [n.input[0]], attrs, n.output[0])
+    return lower
+
+
+LOWER["MaxPool"] = _pool("MaxPool")
+LOWER["AveragePool"] = _pool("AveragePool")
+
+
+def _global_max_pool(ctx, n, a):
+    r = ctx.rank(n.input[0])
+    if r is None:
+        raise Unsupported("GlobalMaxPool on an input of unknown rank")
+    ctx.emit("ReduceMax", [n.input[0]], {"axes": list(range(2, r)), "keepdims": 1}, n.output[0])
+
+
+LOWER["GlobalMaxPool"] = _global_max_pool
+
+
+def _batchnorm(ctx, n, a):
+    if any(o for o in n.output[1:]):
+        raise Unsupported("BatchNormalization training outputs")
+    ctx.emit("BatchNormalization", list(n.input[:5]), {"epsilon": a.get("epsilon", 1e-5)}, n.output[0])
+
+
+LOWER["BatchNormalization"] = _batchnorm
+
+
+def _instancenorm(ctx, n, a):
+    s = ctx.value(n.input[1])
+    c = s.shape[0] if s is not None else None
+    t = ctx.types.get(n.input[0])
+    if c is None and t is not None and isinstance(t[1][1], int):
+        c = t[1][1]
+    if c is None:
+        raise Unsupported("InstanceNormalization with an unknown channel count")
+    ctx.emit("GroupNorm", list(n.input[:3]), {"num_groups": int(c), "epsilon": a.get("epsilon", 1e-5)}, n.output[0])
+
+
+LOWER["InstanceNormalization"] = _instancenorm
+
+
+def _layernorm(ctx, n, a):
+    if any(o for o in n.output[1:]):
+        raise Unsupported("LayerNormalization mean/inv-std outputs")
+    ctx.emit("LayerNorm", [i for i in n.input if i], {"axis": a.get("axis", -1), "epsilon": a.get("epsilon", 1e-5)},
+             n.output[0])
+
+
+LOWER["LayerNormalization"] = _layernorm
+
+
+def _rmsnorm(ctx, n, a):
+    ctx.emit("RMSNorm", list(n.input[:2]), {"axis": a.get("axis", -1), "epsilon": a.get("epsilon", 1e-5)},
+             n.output[0])
+
+
+LOWER["RMSNormalization"] = _rmsnorm
+
+
+def _lrn(ctx, n, a):
+    x = n.input[0]
+    if ctx.rank(x) != 4:
+        raise Unsupported("LRN on a non-4-D input")
+    size = a["size"]
+    dt = _np(ctx, x)
+    sq = ctx.emit("Mul", [x, x])
+    sq5 = ctx.emit("Unsqueeze", [sq], {"axes": [1]})
+    lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
+    mean = ctx.emit("AveragePool", [sq5], {"kernel_shape": [size, 1, 1], "pads": [lo, 0, 0, hi, 0, 0],
+                                           "count_include_pad": 1})
+    ssum = ctx.emit("Squeeze", [mean], {"axes": [1]})  # mean over `size` = sum / size
+    base = ctx.emit("Add", [ctx.const(np.array(a.get("bias", 1.0), dt)),
+                            ctx.emit("Mul", [ssum, ctx.const(np.array(a.get("alpha", 1e-4), dt))])])
+    ctx.emit("Div", [x, ctx.emit("Pow", [base, ctx.const(np.array(a.get("beta", 0.75), dt))])], {}, n.output[0])
+
+
+LOWER["LRN"] = _lrn
+
+
+def _lp_norm(ctx, n, a):
+    x, p, axis = n.input[0], a.get("p", 2), a.get("axis", -1)
+    if p == 2:
+        norm = ctx.emit("Sqrt", [ctx.emit("ReduceSum", [ctx.emit("Mul", [x, x])], {"axes": [axis]})])
+    elif p == 1:
+        norm = ctx.emit("ReduceSum", [ctx.emit("Abs", [x])], {"axes": [axis]})
+    else:
+        raise Unsupported(f"LpNormalization p={p}")
+    ctx.emit("Div", [x, norm], {}, n.output[0])
+
+
+LOWER["LpNormalization"] = _lp_norm
