@@ -1,0 +1,174 @@
+"""The op table: every catalogue op with its arity, attrs (type + default) and inference rule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..dtypes import DTYPES
+from ..errors import GraphError
+
+from .core import Attr, OpSpec, REQUIRED, _float_unary, _numeric_unary, _same
+from .infer_elementwise import _argreduce, _arith, _axis_same, _cast, _clip, _compare, _logic, _not, _reduce, _where
+from .infer_nn import (
+    QUANT_BLOCKS, _batchnorm, _conv, _conv_transpose, _dequant_gather, _dequant_matmul, _dequantize,
+    _global_pool, _groupnorm, _matmul, _norm_last, _pool, _random, _sdpa,
+)
+from .infer_shape import (
+    _concat, _constant_of_shape, _depth_to_space, _einsum, _expand, _flatten, _gather, _gather_elements, _pad,
+    _range, _reshape, _resize, _scatter_elements, _scatter_nd, _shape, _slice, _squeeze, _tile, _topk,
+    _transpose, _trilu, _unsqueeze,
+)
+
+# ---------------------------------------------------------------------------- the table
+
+OPS: dict[str, OpSpec] = {}
+
+
+def _reg(name, n_in, infer, attrs=None, kind="compute", doc=""):
+    lo, hi = (n_in, n_in) if isinstance(n_in, int) else n_in
+    OPS[name] = OpSpec(name, lo, hi, attrs or {}, infer, kind, doc)
+
+
+_FLOAT_UNARY = ["Exp", "Log", "Sqrt", "Rsqrt", "Reciprocal", "Sin", "Cos", "Tan", "Tanh", "Sigmoid",
+                "Silu", "Softplus", "Softsign", "Erf", "Floor", "Ceil", "Round", "Asin", "Acos", "Atan", "Sinh",
+                "Cosh", "Asinh", "Acosh", "Atanh"]
+for _n in _FLOAT_UNARY:
+    _reg(_n, 1, _float_unary)
+for _n in ["Neg", "Abs", "Relu", "Sign"]:
+    _reg(_n, 1, _numeric_unary)
+_reg("Identity", 1, _same)
+_reg("LeakyRelu", 1, _float_unary, {"alpha": Attr("float", 0.01)})
+_reg("Elu", 1, _float_unary, {"alpha": Attr("float", 1.0)})
+_reg("Selu", 1, _float_unary, {"alpha": Attr("float", 1.6732632423543772),
+                               "gamma": Attr("float", 1.0507009873554805)})
+_reg("Gelu", 1, _float_unary, {"approximate": Attr("str", "none", ("none", "tanh"))})
+_reg("Clip", (1, 3), _clip, {"min": Attr("float", None), "max": Attr("float", None)})
+_reg("Cast", 1, _cast, {"to": Attr("dtype")})
+_reg("Not", 1, _not)
+for _n in ["Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"]:
+    _reg(_n, 2, _arith)
+_reg("Mod", 2, _arith, {"fmod": Attr("int", 0, (0, 1))})
+for _n in ["Equal", "Less", "LessEqual", "Greater", "GreaterEqual"]:
+    _reg(_n, 2, _compare)
+for _n in ["And", "Or"]:
+    _reg(_n, 2, _logic)
+_reg("Where", 3, _where)
+for _n in ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd"]:
+    _reg(_n, 1, _reduce, {"axes": Attr("ints", None), "keepdims": Attr("int", 1, (0, 1))})
+for _n in ["ArgMax", "ArgMin"]:
+    _reg(_n, 1, _argreduce, {"axis": Attr("int", 0), "keepdims": Attr("int", 1, (0, 1)),
+                             "select_last_index": Attr("int", 0, (0, 1))})
+for _n in ["Softmax", "LogSoftmax"]:
+    _reg(_n, 1, _axis_same, {"axis": Attr("int", -1)})
+_reg("CumSum", 1, _axis_same, {"axis": Attr("int", 0), "exclusive": Attr("int", 0, (0, 1)),
+                               "reverse": Attr("int", 0, (0, 1))})
+_reg("Reshape", (1, 2), _reshape, {"shape": Attr("ints", None)})
+_reg("Transpose", 1, _transpose, {"perm": Attr("ints", None)})
+_reg("Concat", (1, 1 << 16), _concat, {"axis": Attr("int")})
+_reg("Slice", 1, _slice, {"starts": Attr("ints"), "ends": Attr("ints"), "axes": Attr("ints", None),
+                          "steps": Attr("ints", None)})
+_reg("Gather", 2, _gather, {"axis": Attr("int", 0)})
+_reg("Expand", (1, 2), _expand, {"shape": Attr("ints", None)})
+_reg("Tile", (1, 2), _tile, {"repeats": Attr("ints", None)})
+_reg("Squeeze", 1, _squeeze, {"axes": Attr("ints", None)})
+_reg("Unsqueeze", 1, _unsqueeze, {"axes": Attr("ints")})
+_reg("Flatten", 1, _flatten, {"axis": Attr("int", 1)})
+_reg("Pad", 1, _pad, {"pads": Attr("ints"), "mode": Attr("str", "constant", ("constant", "reflect", "edge")),
+                      "value": Attr("float", 0.0)})
+_reg("Shape", 1, _shape)
+_reg("Range", 3, _range)
+_reg("ConstantOfShape", (0, 1), _constant_of_shape, {"shape": Attr("ints", None), "value": Attr("float", 0.0),
+                                                     "dtype": Attr("dtype", "f32")})
+_reg("DepthToSpace", 1, _depth_to_space, {"blocksize": Attr("int"), "mode": Attr("str", "DCR", ("DCR", "CRD"))})
+_reg("MatMul", 2, _matmul)
+_CONV_ATTRS = {"strides": Attr("ints", None), "pads": Attr("ints", None), "dilations": Attr("ints", None),
+               "group": Attr("int", 1)}
+_reg("Conv", (2, 3), _conv, dict(_CONV_ATTRS))
+_reg("ConvTranspose", (2, 3), _conv_transpose, {**_CONV_ATTRS, "output_padding": Attr("ints", None)})
+_POOL_ATTRS = {"kernel_shape": Attr("ints"), "strides": Attr("ints", None), "pads": Attr("ints", None),
+               "ceil_mode": Attr("int", 0, (0, 1))}
+_reg("MaxPool", 1, _pool, {**_POOL_ATTRS, "dilations": Attr("ints", None)})
+_reg("AveragePool", 1, _pool, {**_POOL_ATTRS, "count_include_pad": Attr("int", 0, (0, 1))})
+_reg("GlobalAveragePool", 1, _global_pool)
+_reg("BatchNormalization", 5, _batchnorm, {"epsilon": Attr("float", 1e-5)})
+_reg("LayerNorm", (2, 3), _norm_last, {"axis": Attr("int", -1), "epsilon": Attr("float", 1e-5)})
+_reg("RMSNorm", 2, _norm_last, {"axis": Attr("int", -1), "epsilon": Attr("float", 1e-6)})
+_reg("GroupNorm", 3, _groupnorm, {"num_groups": Attr("int"), "epsilon": Attr("float", 1e-5)})
+_reg("ScaledDotProductAttention", (3, 4), _sdpa, {"causal": Attr("int", 0, (0, 1)), "scale": Attr("float", None)})
+_ENC = tuple(QUANT_BLOCKS)
+_reg("Dequantize", 1, _dequantize, {"encoding": Attr("str", REQUIRED, _ENC), "shape": Attr("ints")})
+_reg("DequantMatMul", 2, _dequant_matmul, {"encoding": Attr("str", REQUIRED, _ENC), "N": Attr("int"),
+                                           "K": Attr("int")})
+_reg("DequantGather", 2, _dequant_gather, {"encoding": Attr("str", REQUIRED, _ENC), "N": Attr("int"),
+                                           "K": Attr("int")})
+_reg("Einsum", (1, 8), _einsum, {"equation": Attr("str")})
+_REDUCTIONS = ("none", "add", "mul", "max", "min")
+_reg("ScatterND", 3, _scatter_nd, {"reduction": Attr("str", "none", _REDUCTIONS)})
+_reg("ScatterElements", 3, _scatter_elements, {"axis": Attr("int", 0), "reduction": Attr("str", "none", _REDUCTIONS)})
+_reg("TopK", 1, _topk, {"k": Attr("int"), "axis": Attr("int", -1), "largest": Attr("int", 1, (0, 1)),
+                        "output": Attr("str", "values", ("values", "indices"))})
+_reg("Trilu", 1, _trilu, {"upper": Attr("int", 1, (0, 1)), "k": Attr("int", 0)})
+_reg("GatherElements", 2, _gather_elements, {"axis": Attr("int", 0)})
+_reg("Resize", 1, _resize, {
+    "scales": Attr("floats", None), "sizes": Attr("ints", None),
+    "mode": Attr("str", "nearest", ("nearest", "linear")),
+    "coordinate_transformation_mode": Attr("str", "half_pixel",
+                                           ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")),
+    "nearest_mode": Attr("str", "round_prefer_floor", ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil"))})
+_reg("RandomNormal", 0, _random, {"shape": Attr("ints"), "mean": Attr("float", 0.0), "scale": Attr("float", 1.0),
+                                  "seed": Attr("int", 0), "dtype": Attr("dtype", "f32")}, kind="random")
+_reg("RandomUniform", 0, _random, {"shape": Attr("ints"), "low": Attr("float", 0.0), "high": Attr("float", 1.0),
+                                   "seed": Attr("int", 0), "dtype": Attr("dtype", "f32")}, kind="random")
+
+LEAF_OPS = ("Input", "Param", "Constant")
+RANDOM_OPS = frozenset(n for n, s in OPS.items() if s.kind == "random")
+
+
+def normalize_attrs(op: str, attrs: dict, where: str) -> dict[str, Any]:
+    """Type-check attrs against the catalogue and fill defaults. Raises GraphError."""
+    spec = OPS[op]
+    if not isinstance(attrs, dict):
+        raise GraphError(f"{where}: attrs must be an object; got {type(attrs).__name__}")
+    unknown = sorted(set(attrs) - set(spec.attrs))
+    if unknown:
+        raise GraphError(f"{where}: unknown attr(s) {unknown} for {op}; expected a subset of {sorted(spec.attrs)}")
+    out: dict[str, Any] = {}
+    for name, a in spec.attrs.items():
+        if name not in attrs:
+            if a.default is REQUIRED:
+                raise GraphError(f"{where}: missing required attr {name!r} ({a.kind}) for {op}")
+            out[name] = a.default
+            continue
+        out[name] = _check_attr(attrs[name], a, f"{where}: attr {name!r}")
+    return out
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _check_attr(v, a: Attr, where: str):
+    if v is None and a.default is None:
+        return None
+    ok = True
+    if a.kind == "int":
+        ok = _is_int(v) or isinstance(v, bool)
+        v = int(v) if ok else v
+    elif a.kind == "float":
+        ok = isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool)
+        v = float(v) if ok else v
+    elif a.kind == "str":
+        ok = isinstance(v, str)
+    elif a.kind == "dtype":
+        ok = v in DTYPES
+    elif a.kind in ("ints", "floats"):
+        ok = isinstance(v, (list, tuple)) and all(
+            _is_int(e) if a.kind == "ints" else isinstance(e, (int, float)) and not isinstance(e, bool) for e in v)
+        v = [int(e) if a.kind == "ints" else float(e) for e in v] if ok else v
+    if not ok:
+        raise GraphError(f"{where} has value {v!r}; expected {a.kind}")
+    if a.choices and v not in a.choices:
+        raise GraphError(f"{where} is {v!r}; expected one of {list(a.choices)}")
+    return v

@@ -1,0 +1,240 @@
+"""Shape/dtype inference: MatMul, convolution, pooling, normalization, attention, quantized, random."""
+
+from __future__ import annotations
+
+from ..dtypes import FLOAT_DTYPES
+from .core import (
+    Dim, InferCtx, Shape, TensorType, _require_float, _same_dtypes, broadcast_shapes, dims_equal_or_symbolic,
+)
+
+def matmul_shape(ctx: InferCtx, a: Shape, b: Shape) -> Shape:
+    if not a or not b:
+        raise ctx.fail("MatMul of a scalar; expected rank >= 1")
+    a2 = a if len(a) > 1 else (1,) + a
+    b2 = b if len(b) > 1 else b + (1,)
+    if not dims_equal_or_symbolic(a2[-1], b2[-2]):
+        raise ctx.fail(f"inner dims differ: {list(a)} @ {list(b)} ({a2[-1]} vs {b2[-2]})")
+    batch = broadcast_shapes(ctx, a2[:-2], b2[:-2]) if (a2[:-2] or b2[:-2]) else ()
+    out = batch + (a2[-2], b2[-1])
+    if len(a) == 1:
+        out = out[:-2] + out[-1:]
+    if len(b) == 1:
+        out = out[:-1]
+    return out
+
+
+def _matmul(ctx: InferCtx) -> TensorType:
+    dt = _same_dtypes(ctx, (0, 1))
+    if dt == "bool":
+        raise ctx.fail("MatMul of bool")
+    return TensorType(dt, matmul_shape(ctx, ctx.inputs[0].shape, ctx.inputs[1].shape))
+
+
+def _spatial_attrs(ctx: InferCtx, nsp: int, kernel: Shape) -> tuple[list, list, list]:
+    strides = ctx.attrs.get("strides") or [1] * nsp
+    dil = ctx.attrs.get("dilations") or [1] * nsp
+    pads = ctx.attrs.get("pads") or [0] * (2 * nsp)
+    if len(strides) != nsp or len(dil) != nsp or len(pads) != 2 * nsp:
+        raise ctx.fail(
+            f"strides/dilations need {nsp} entries and pads {2 * nsp}; got {strides}, {dil}, {pads}"
+        )
+    if any(s <= 0 for s in strides) or any(d <= 0 for d in dil):
+        raise ctx.fail("strides and dilations must be positive")
+    return strides, dil, pads
+
+
+def window_count(d: int, k: int, s: int, dl: int, pb: int, pe: int, ceil_mode: bool = False) -> int:
+    """Output size of a conv/pool axis (spec/ops.md): windows of (k-1)*dl+1 over d+pb+pe with stride s,
+    rounded down (ceil_mode: up, but a window may not start inside the end padding). Callers ensure the
+    dilated kernel fits the padded input."""
+    span = d + pb + pe - dl * (k - 1) - 1
+    out = (-(-span // s) if ceil_mode else span // s) + 1
+    if ceil_mode and (out - 1) * s >= d + pb:
+        out -= 1
+    return out
+
+
+def _pool_out(ctx, d, k, s, dl, pb, pe, ceil_mode=False) -> Dim:
+    if not isinstance(d, int) or not isinstance(k, int):
+        return ctx.fresh()
+    if d + pb + pe < dl * (k - 1) + 1:
+        raise ctx.fail(f"kernel {k} (dilation {dl}) is larger than the padded input {d + pb + pe}; "
+                       "expected a kernel that fits (pad the input)")
+    return window_count(d, k, s, dl, pb, pe, ceil_mode)
+
+
+def _conv(ctx: InferCtx) -> TensorType:
+    x, w = ctx.inputs[:2]
+    _require_float(ctx)
+    _same_dtypes(ctx, tuple(range(len(ctx.inputs))))
+    if x.rank not in (3, 4, 5) or w.rank != x.rank:
+        raise ctx.fail(f"input rank {x.rank}, weight rank {w.rank}; expected both 3, 4 or 5 (1-D/2-D/3-D)")
+    nsp = x.rank - 2
+    g = ctx.attrs["group"]
+    strides, dil, pads = _spatial_attrs(ctx, nsp, w.shape[2:])
+    if isinstance(x.shape[1], int) and isinstance(w.shape[1], int) and x.shape[1] != w.shape[1] * g:
+        raise ctx.fail(f"input channels {x.shape[1]} != weight in-channels {w.shape[1]} x group {g}")
+    if len(ctx.inputs) == 3 and ctx.inputs[2].shape not in ((w.shape[0],),) and isinstance(w.shape[0], int):
+        raise ctx.fail(f"bias shape {list(ctx.inputs[2].shape)}; expected [{w.shape[0]}]")
+    sp = [_pool_out(ctx, x.shape[2 + i], w.shape[2 + i], strides[i], dil[i], pads[i], pads[i + nsp])
+          for i in range(nsp)]
+    return TensorType(x.dtype, (x.shape[0], w.shape[0], *sp))
+
+
+def _conv_transpose(ctx: InferCtx) -> TensorType:
+    x, w = ctx.inputs[:2]
+    _require_float(ctx)
+    _same_dtypes(ctx, tuple(range(len(ctx.inputs))))
+    if x.rank not in (3, 4, 5) or w.rank != x.rank:
+        raise ctx.fail(f"input rank {x.rank}, weight rank {w.rank}; expected both 3, 4 or 5")
+    nsp = x.rank - 2
+    g = ctx.attrs["group"]
+    strides, dil, pads = _spatial_attrs(ctx, nsp, w.shape[2:])
+    op = ctx.attrs.get("output_padding") or [0] * nsp
+    if isinstance(x.shape[1], int) and isinstance(w.shape[0], int) and x.shape[1] != w.shape[0]:
+        raise ctx.fail(f"input channels {x.shape[1]} != weight dim 0 {w.shape[0]}")
+    sp = []
+    for i in range(nsp):
+        d, k = x.shape[2 + i], w.shape[2 + i]
+        if isinstance(d, int) and isinstance(k, int):
+            sp.append(strides[i] * (d - 1) + op[i] + (k - 1) * dil[i] + 1 - pads[i] - pads[i + nsp])
+        else:
+            sp.append(ctx.fresh())
+    cout = w.shape[1] * g if isinstance(w.shape[1], int) else ctx.fresh()
+    return TensorType(x.dtype, (x.shape[0], cout, *sp))
+
+
+def _pool(ctx: InferCtx) -> TensorType:
+    x = ctx.inputs[0]
+    _require_float(ctx)
+    if x.rank not in (3, 4, 5):
+        raise ctx.fail(f"input rank {x.rank}; expected 3, 4 or 5")
+    nsp = x.rank - 2
+    k = ctx.attrs["kernel_shape"]
+    if len(k) != nsp:
+        raise ctx.fail(f"kernel_shape {k}; expected {nsp} entries")
+    strides, dil, pads = _spatial_attrs(ctx, nsp, tuple(k))
+    sp = [_pool_out(ctx, x.shape[2 + i], k[i], strides[i], dil[i], pads[i], pads[i + nsp],
+                    bool(ctx.attrs["ceil_mode"])) for i in range(nsp)]
+    return TensorType(x.dtype, (x.shape[0], x.shape[1], *sp))
+
+
+def _global_pool(ctx: InferCtx) -> TensorType:
+    x = ctx.inputs[0]
+    _require_float(ctx)
+    if x.rank < 3:
+        raise ctx.fail(f"input rank {x.rank}; expected >= 3")
+    return TensorType(x.dtype, x.shape[:2] + (1,) * (x.rank - 2))
+
+
+def _channel_params(ctx: InferCtx, first: int, c: Dim) -> None:
+    for i in range(first, len(ctx.inputs)):
+        t = ctx.inputs[i]
+        if t.rank != 1 or not dims_equal_or_symbolic(t.shape[0], c):
+            raise ctx.fail(f"input {i} has shape {list(t.shape)}; expected [{c}]")
+
+
+def _batchnorm(ctx: InferCtx) -> TensorType:
+    x = ctx.inputs[0]
+    _require_float(ctx)
+    _same_dtypes(ctx, tuple(range(5)))
+    if x.rank < 2:
+        raise ctx.fail(f"input rank {x.rank}; expected >= 2 (N, C, ...)")
+    _channel_params(ctx, 1, x.shape[1])
+    return x
+
+
+def _norm_last(ctx: InferCtx) -> TensorType:
+    x = ctx.inputs[0]
+    _require_float(ctx)
+    _same_dtypes(ctx, tuple(range(len(ctx.inputs))))
+    ax = ctx.axis(ctx.attrs["axis"], x.rank)
+    norm_shape = x.shape[ax:]
+    for i in range(1, len(ctx.inputs)):
+        s = ctx.inputs[i].shape
+        if len(s) > len(norm_shape) or not all(dims_equal_or_symbolic(a, b)
+                                                for a, b in zip(s[::-1], norm_shape[::-1])):
+            raise ctx.fail(f"input {i} has shape {list(s)}; expected {list(norm_shape)} (normalized dims)")
+    return x
+
+
+def _groupnorm(ctx: InferCtx) -> TensorType:
+    x = ctx.inputs[0]
+    _require_float(ctx)
+    g = ctx.attrs["num_groups"]
+    if x.rank < 2:
+        raise ctx.fail(f"input rank {x.rank}; expected >= 2")
+    if isinstance(x.shape[1], int) and (g <= 0 or x.shape[1] % g):
+        raise ctx.fail(f"channels {x.shape[1]} not divisible by num_groups {g}")
+    _channel_params(ctx, 1, x.shape[1])
+    return x
+
+
+def _sdpa(ctx: InferCtx) -> TensorType:
+    q, k, v = ctx.inputs[:3]
+    _require_float(ctx)
+    _same_dtypes(ctx, (0, 1, 2))
+    if q.rank < 2 or k.rank != q.rank or v.rank != q.rank:
+        raise ctx.fail("q, k, v must share a rank >= 2 ([..., seq, dim])")
+    if not dims_equal_or_symbolic(q.shape[-1], k.shape[-1]):
+        raise ctx.fail(f"q dim {q.shape[-1]} != k dim {k.shape[-1]}")
+    if not dims_equal_or_symbolic(k.shape[-2], v.shape[-2]):
+        raise ctx.fail(f"k length {k.shape[-2]} != v length {v.shape[-2]}")
+    batch = broadcast_shapes(ctx, q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    if len(ctx.inputs) == 4:
+        m = ctx.inputs[3]
+        if m.dtype != "bool" and m.dtype != q.dtype:
+            raise ctx.fail(f"mask dtype {m.dtype}; expected bool or {q.dtype}")
+        broadcast_shapes(ctx, m.shape, batch + (q.shape[-2], k.shape[-2]))
+    return TensorType(q.dtype, batch + (q.shape[-2], v.shape[-1]))
+
+
+QUANT_BLOCKS = {"gguf_q8_0": (32, 34), "gguf_tq2_0": (256, 66)}  # encoding -> (block elems, block bytes)
+
+
+def _dequantize(ctx: InferCtx) -> TensorType:
+    p = ctx.inputs[0]
+    enc, shape = ctx.attrs["encoding"], ctx.attrs["shape"]
+    qk, bs = QUANT_BLOCKS[enc]
+    if p.dtype != "u8":
+        raise ctx.fail(f"packed input dtype {p.dtype}; expected u8")
+    if not shape or shape[-1] % qk:
+        raise ctx.fail(f"shape {shape}: last dim must be a multiple of {qk} for {enc}")
+    want = (*shape[:-1], shape[-1] // qk * bs)
+    if p.is_static() and tuple(p.shape) != want:
+        raise ctx.fail(f"packed shape {list(p.shape)}; expected {list(want)} for {enc} {shape}")
+    return TensorType("f32", tuple(shape))
+
+
+def _dequant_matmul(ctx: InferCtx) -> TensorType:
+    x, p = ctx.inputs
+    enc, n, k = ctx.attrs["encoding"], ctx.attrs["N"], ctx.attrs["K"]
+    qk, bs = QUANT_BLOCKS[enc]
+    if x.dtype != "f32":
+        raise ctx.fail(f"x dtype {x.dtype}; expected f32")
+    if k % qk:
+        raise ctx.fail(f"K={k} not a multiple of {qk} for {enc}")
+    if not dims_equal_or_symbolic(x.shape[-1] if x.rank else None, k):
+        raise ctx.fail(f"x last dim {x.shape[-1] if x.rank else None}; expected K={k}")
+    if p.dtype != "u8" or (p.is_static() and tuple(p.shape) != (n, k // qk * bs)):
+        raise ctx.fail(f"packed weight {p.dtype}{list(p.shape)}; expected u8[{n}, {k // qk * bs}]")
+    return TensorType("f32", x.shape[:-1] + (n,))
+
+
+def _dequant_gather(ctx: InferCtx) -> TensorType:
+    p, idx = ctx.inputs
+    enc, n, k = ctx.attrs["encoding"], ctx.attrs["N"], ctx.attrs["K"]
+    qk, bs = QUANT_BLOCKS[enc]
+    if k % qk:
+        raise ctx.fail(f"K={k} not a multiple of {qk} for {enc}")
+    if p.dtype != "u8" or (p.is_static() and tuple(p.shape) != (n, k // qk * bs)):
+        raise ctx.fail(f"packed table {p.dtype}{list(p.shape)}; expected u8[{n}, {k // qk * bs}]")
+    if idx.dtype not in ("i64", "i32"):
+        raise ctx.fail(f"indices have dtype {idx.dtype}; expected i64 or i32")
+    return TensorType("f32", idx.shape + (k,))
+
+
+def _random(ctx: InferCtx) -> TensorType:
+    if ctx.attrs["dtype"] not in FLOAT_DTYPES:
+        raise ctx.fail(f"dtype {ctx.attrs['dtype']}; expected a float dtype")
+    return TensorType(ctx.attrs["dtype"], tuple(ctx.attrs["shape"]))
