@@ -1,0 +1,173 @@
+"""Kernels: reshaping, slicing, gathering/scattering, padding, einsum, resize and friends."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from rlx_format.dtypes import compute_dtype
+from rlx_format.ops import slice_bounds
+
+from .registry import host_ints, kernel
+
+def resolve_reshape(in_shape: tuple, target: list[int]) -> tuple:
+    out = [in_shape[i] if d == 0 else d for i, d in enumerate(target)]
+    if -1 in out:
+        known = math.prod(d for d in out if d != -1)
+        out[out.index(-1)] = math.prod(in_shape) // known if known else 0
+    return tuple(out)
+
+
+@kernel("Reshape")
+def _reshape(xp, a, x, shape=None):
+    target = a["shape"] if shape is None else host_ints(xp, shape)
+    return x.reshape(resolve_reshape(x.shape, target))
+
+
+@kernel("Transpose")
+def _transpose(xp, a, x):
+    return xp.transpose(x, a["perm"])
+
+
+@kernel("Concat")
+def _concat(xp, a, *xs):
+    return xp.concatenate(xs, axis=a["axis"])
+
+
+@kernel("Slice")
+def _slice(xp, a, x):
+    idx = [slice(None)] * x.ndim
+    axes = a["axes"] if a["axes"] is not None else range(len(a["starts"]))
+    steps = a["steps"] or [1] * len(a["starts"])
+    for s, e, ax, st in zip(a["starts"], a["ends"], axes, steps):
+        if x.shape[ax] == 0:
+            continue
+        start, stop = slice_bounds(x.shape[ax], s, e, st)
+        idx[ax] = slice(start, None if stop < 0 else stop, st)  # stop -1 means "before index 0"
+    return x[tuple(idx)]
+
+
+@kernel("Gather")
+def _gather(xp, a, x, idx):
+    return xp.take(x, idx.astype(np.int64), axis=a["axis"])
+
+
+@kernel("Expand")
+def _expand(xp, a, x, shape=None):
+    target = tuple(a["shape"] if shape is None else host_ints(xp, shape))
+    out_shape = np.broadcast_shapes(x.shape, target)
+    return xp.broadcast_to(x, out_shape).copy()
+
+
+@kernel("Tile")
+def _tile(xp, a, x, reps=None):
+    return xp.tile(x, tuple(a["repeats"] if reps is None else host_ints(xp, reps)))
+
+
+@kernel("Squeeze")
+def _squeeze(xp, a, x):
+    return xp.squeeze(x, axis=None if a["axes"] is None else tuple(a["axes"]))
+
+
+@kernel("Unsqueeze")
+def _unsqueeze(xp, a, x):
+    r = x.ndim + len(a["axes"])
+    return xp.expand_dims(x, tuple(sorted(ax % r for ax in a["axes"])))
+
+
+@kernel("Flatten")
+def _flatten(xp, a, x):
+    ax = a["axis"] % (x.ndim + 1) if a["axis"] < 0 else a["axis"]
+    return x.reshape(math.prod(x.shape[:ax]), math.prod(x.shape[ax:]))
+
+
+@kernel("Pad")
+def _pad(xp, a, x):
+    r = x.ndim
+    pads = a["pads"]
+    # negative pads crop first
+    crop = tuple(slice(max(-pads[i], 0), x.shape[i] - max(-pads[i + r], 0)) for i in range(r))
+    x = x[crop]
+    width = [(max(pads[i], 0), max(pads[i + r], 0)) for i in range(r)]
+    if a["mode"] == "constant":
+        return xp.pad(x, width, mode="constant", constant_values=x.dtype.type(a["value"]))
+    return xp.pad(x, width, mode=a["mode"])
+
+
+@kernel("Shape")
+def _shape(xp, a, x):
+    return xp.asarray(x.shape, dtype=np.int64)
+
+
+@kernel("Range")
+def _range(xp, a, start, limit, delta):
+    s, l, d = (v.item() for v in (start, limit, delta))
+    n = max(int(math.ceil((l - s) / d)), 0)
+    return (s + d * xp.arange(n, dtype=np.float64 if start.dtype.kind == "f" else np.int64)).astype(start.dtype)
+
+
+@kernel("ConstantOfShape")
+def _constant_of_shape(xp, a, shape=None):
+    target = tuple(a["shape"] if shape is None else host_ints(xp, shape))
+    return xp.full(target, a["value"], dtype=compute_dtype(a["dtype"]))
+
+
+@kernel("DepthToSpace")
+def _d2s(xp, a, x):
+    n, c, h, w = x.shape
+    b = a["blocksize"]
+    if a["mode"] == "DCR":
+        y = x.reshape(n, b, b, c // (b * b), h, w).transpose(0, 3, 4, 1, 5, 2)
+    else:
+        y = x.reshape(n, c // (b * b), b, b, h, w).transpose(0, 1, 4, 2, 5, 3)
+    return y.reshape(n, c // (b * b), h * b, w * b)
+
+
+def _resize_coords(xp, a, d_in: int, d_out: int, scale: float):
+    """Source coordinate of every output index along one axis (ONNX coordinate_transformation_mode)."""
+    i = xp.arange(d_out, dtype=np.float64)
+    mode = a["coordinate_transformation_mode"]
+    if mode == "align_corners":
+        return i * ((d_in - 1) / (d_out - 1)) if d_out > 1 else xp.zeros(d_out)
+    if mode == "asymmetric":
+        return i / scale
+    if mode == "pytorch_half_pixel" and d_out == 1:
+        return xp.zeros(1)
+    return (i + 0.5) / scale - 0.5
+
+
+def _nearest(xp, a, c):
+    m = a["nearest_mode"]
+    if m == "floor":
+        return xp.floor(c)
+    if m == "ceil":
+        return xp.ceil(c)
+    half = (c - xp.floor(c)) == 0.5
+    if m == "round_prefer_floor":
+        return xp.where(half, xp.floor(c), xp.round(c))
+    return xp.where(half, xp.ceil(c), xp.round(c))
+
+
+@kernel("Resize")
+def _resize(xp, a, x):
+    """Separable resize, one axis at a time: nearest is a gather, linear a weighted pair of gathers."""
+    sizes = a["sizes"] or [int(math.floor(d * s)) for d, s in zip(x.shape, a["scales"])]
+    scales = a["scales"] or [o / d for o, d in zip(sizes, x.shape)]
+    if list(x.shape) == list(sizes):  # same output shape: a copy, whatever the scales (as onnxruntime does)
+        return x.copy()
+    y = x
+    for ax, (d_in, d_out, sc) in enumerate(zip(x.shape, sizes, scales)):
+        if d_in == d_out and sc == 1:
+            continue
+        c = _resize_coords(xp, a, d_in, d_out, sc)
+        if a["mode"] == "nearest":
+            idx = xp.clip(_nearest(xp, a, c), 0, d_in - 1).astype(np.int64)
+            y = xp.take(y, idx, axis=ax)
+            continue
+        c = xp.clip(c, 0, d_in - 1)
+        lo = xp.floor(c).astype(np.int64)
+        hi = xp.minimum(lo + 1, d_in - 1)
+        w = (c - lo).astype(x.dtype).reshape((-1,) + (1,) * (y.ndim - ax - 1))
+        y = xp.take(y, lo, axis=ax) * (x.dtype.type(1) - w) + xp.take(y, hi, axis=ax) * w
+    return y

@@ -1,0 +1,194 @@
+"""Kernels: unary and binary elementwise ops, casts and reductions."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from rlx_format.dtypes import bf16_to_f32, compute_dtype, f32_to_bf16
+
+from .registry import KERNELS, kernel, special
+
+def _erf(xp, x):
+    if xp is np:
+        from ..ufuncs import erf
+        return erf(x)
+    return special(xp).erf(x)  # pragma: no cover - GPU only
+
+
+def _unary(name: str, fn):
+    KERNELS[name] = lambda xp, a, x: fn(xp, x)
+
+
+_unary("Identity", lambda xp, x: x)
+_unary("Neg", lambda xp, x: -x)
+_unary("Abs", lambda xp, x: xp.abs(x))
+_unary("Exp", lambda xp, x: xp.exp(x))
+_unary("Log", lambda xp, x: xp.log(x))
+_unary("Sqrt", lambda xp, x: xp.sqrt(x))
+_unary("Rsqrt", lambda xp, x: x.dtype.type(1) / xp.sqrt(x))
+_unary("Reciprocal", lambda xp, x: x.dtype.type(1) / x)
+_unary("Sin", lambda xp, x: xp.sin(x))
+_unary("Cos", lambda xp, x: xp.cos(x))
+_unary("Tan", lambda xp, x: xp.tan(x))
+_unary("Tanh", lambda xp, x: xp.tanh(x))
+_unary("Sigmoid", lambda xp, x: special(xp).expit(x))
+_unary("Relu", lambda xp, x: xp.maximum(x, x.dtype.type(0)))
+_unary("Silu", lambda xp, x: x * special(xp).expit(x))
+_unary("Softplus", lambda xp, x: xp.logaddexp(x.dtype.type(0), x))
+_unary("Softsign", lambda xp, x: x / (x.dtype.type(1) + xp.abs(x)))
+_unary("Erf", lambda xp, x: _erf(xp, x))
+_unary("Floor", lambda xp, x: xp.floor(x))
+_unary("Ceil", lambda xp, x: xp.ceil(x))
+_unary("Round", lambda xp, x: xp.round(x))  # half to even
+_unary("Asin", lambda xp, x: xp.arcsin(x))
+_unary("Acos", lambda xp, x: xp.arccos(x))
+_unary("Atan", lambda xp, x: xp.arctan(x))
+_unary("Sinh", lambda xp, x: xp.sinh(x))
+_unary("Cosh", lambda xp, x: xp.cosh(x))
+_unary("Asinh", lambda xp, x: xp.arcsinh(x))
+_unary("Acosh", lambda xp, x: xp.arccosh(x))
+_unary("Atanh", lambda xp, x: xp.arctanh(x))
+_unary("Sign", lambda xp, x: xp.sign(x))
+_unary("Not", lambda xp, x: xp.logical_not(x))
+
+
+@kernel("LeakyRelu")
+def _leaky(xp, a, x):
+    return xp.where(x >= 0, x, x * x.dtype.type(a["alpha"]))
+
+
+@kernel("Elu")
+def _elu(xp, a, x):
+    return xp.where(x > 0, x, x.dtype.type(a["alpha"]) * xp.expm1(xp.minimum(x, x.dtype.type(0))))
+
+
+@kernel("Selu")
+def _selu(xp, a, x):
+    t = x.dtype.type
+    neg = t(a["alpha"]) * xp.expm1(xp.minimum(x, t(0)))
+    return t(a["gamma"]) * xp.where(x > 0, x, neg)
+
+
+@kernel("Gelu")
+def _gelu(xp, a, x):
+    t = x.dtype.type
+    if a["approximate"] == "tanh":
+        inner = t(math.sqrt(2.0 / math.pi)) * (x + t(0.044715) * x * x * x)
+        return t(0.5) * x * (t(1) + xp.tanh(inner))
+    if xp is np:
+        from ..ufuncs import gelu_erf
+        return gelu_erf(x)
+    return t(0.5) * x * (t(1) + special(xp).erf(x / t(math.sqrt(2.0))))  # pragma: no cover - GPU only
+
+
+@kernel("Clip")
+def _clip(xp, a, x, lo=None, hi=None):
+    lo = a["min"] if lo is None else lo
+    hi = a["max"] if hi is None else hi
+    if lo is not None:
+        x = xp.maximum(x, xp.asarray(lo, dtype=x.dtype))
+    if hi is not None:
+        x = xp.minimum(x, xp.asarray(hi, dtype=x.dtype))
+    return x
+
+
+@kernel("Cast")
+def _cast(xp, a, x):
+    to = a["to"]
+    if to == "bf16":  # runtime carries bf16 widened to f32, rounded to bf16 precision
+        bits = f32_to_bf16(x.astype(np.float32) if xp is np else x.astype(xp.float32).get())
+        return xp.asarray(bf16_to_f32(bits))
+    if to == "bool":
+        return x != 0
+    return x.astype(compute_dtype(to))
+
+
+KERNELS["Add"] = lambda xp, a, x, y: x + y
+KERNELS["Sub"] = lambda xp, a, x, y: x - y
+KERNELS["Mul"] = lambda xp, a, x, y: x * y
+KERNELS["Max"] = lambda xp, a, x, y: xp.maximum(x, y)
+KERNELS["Min"] = lambda xp, a, x, y: xp.minimum(x, y)
+KERNELS["Pow"] = lambda xp, a, x, y: xp.power(x, y)
+KERNELS["Equal"] = lambda xp, a, x, y: x == y
+KERNELS["Less"] = lambda xp, a, x, y: x < y
+KERNELS["LessEqual"] = lambda xp, a, x, y: x <= y
+KERNELS["Greater"] = lambda xp, a, x, y: x > y
+KERNELS["GreaterEqual"] = lambda xp, a, x, y: x >= y
+KERNELS["And"] = lambda xp, a, x, y: xp.logical_and(x, y)
+KERNELS["Or"] = lambda xp, a, x, y: xp.logical_or(x, y)
+KERNELS["Where"] = lambda xp, a, c, x, y: xp.where(c, x, y)
+
+
+@kernel("Div")
+def _div(xp, a, x, y):
+    if x.dtype.kind in "iu":  # integer division truncates toward zero (C / ONNX semantics)
+        q = xp.abs(x) // xp.abs(y)
+        return (q * (xp.sign(x) * xp.sign(y))).astype(x.dtype)
+    return x / y
+
+
+@kernel("Mod")
+def _mod(xp, a, x, y):
+    return xp.fmod(x, y) if a["fmod"] else xp.mod(x, y)
+
+
+# ------------------------------------------------------------------ reductions
+
+
+def _axes(a, x):
+    return None if a["axes"] is None else tuple(a["axes"])
+
+
+def _reducer(name, fn):
+    KERNELS[name] = lambda xp, a, x: fn(xp, x, axis=_axes(a, x), keepdims=bool(a["keepdims"]))
+
+
+_reducer("ReduceSum", lambda xp, x, **k: xp.sum(x, dtype=x.dtype, **k))
+_reducer("ReduceMean", lambda xp, x, **k: xp.mean(x, dtype=x.dtype, **k) if x.dtype.kind == "f"
+         else xp.mean(x, **k).astype(x.dtype))  # integer mean truncates toward zero
+_reducer("ReduceMax", lambda xp, x, **k: xp.max(x, **k))
+_reducer("ReduceMin", lambda xp, x, **k: xp.min(x, **k))
+_reducer("ReduceProd", lambda xp, x, **k: xp.prod(x, dtype=x.dtype, **k))
+
+
+def _argk(fn_name):
+    def k(xp, a, x):
+        fn = getattr(xp, fn_name)
+        ax = a["axis"] % x.ndim
+        if a["select_last_index"]:
+            flipped = xp.flip(x, axis=ax)
+            r = x.shape[ax] - 1 - fn(flipped, axis=ax)
+        else:
+            r = fn(x, axis=ax)
+        r = r.astype(np.int64)
+        return xp.expand_dims(r, ax) if a["keepdims"] else r
+    return k
+
+
+KERNELS["ArgMax"] = _argk("argmax")
+KERNELS["ArgMin"] = _argk("argmin")
+
+
+@kernel("Softmax")
+def _softmax(xp, a, x):
+    e = xp.exp(x - xp.max(x, axis=a["axis"], keepdims=True))
+    return e / xp.sum(e, axis=a["axis"], keepdims=True)
+
+
+@kernel("LogSoftmax")
+def _log_softmax(xp, a, x):
+    s = x - xp.max(x, axis=a["axis"], keepdims=True)
+    return s - xp.log(xp.sum(xp.exp(s), axis=a["axis"], keepdims=True))
+
+
+@kernel("CumSum")
+def _cumsum(xp, a, x):
+    ax = a["axis"]
+    if a["reverse"]:
+        x = xp.flip(x, axis=ax)
+    c = xp.cumsum(x, axis=ax, dtype=x.dtype)
+    if a["exclusive"]:
+        c = c - x
+    return xp.flip(c, axis=ax) if a["reverse"] else c

@@ -1,0 +1,248 @@
+"""Kernels: MatMul, convolution, pooling, normalization and attention."""
+
+from __future__ import annotations
+
+import math
+import string
+
+import numpy as np
+
+from rlx_format.ops import window_count
+
+from .registry import KERNELS, kernel
+
+KERNELS["MatMul"] = lambda xp, a, x, y: xp.matmul(x, y)
+
+
+@kernel("Trilu")
+def _trilu(xp, a, x):
+    return xp.triu(x, a["k"]) if a["upper"] else xp.tril(x, a["k"])
+
+
+@kernel("GatherElements")
+def _gather_elements(xp, a, x, idx):
+    ax = a["axis"] % x.ndim
+    i = idx.astype(np.int64)
+    return xp.take_along_axis(x, xp.where(i < 0, i + x.shape[ax], i), axis=ax)
+
+
+_SCATTER_UFUNC = {"add": "add", "mul": "multiply", "max": "maximum", "min": "minimum"}
+
+
+@kernel("ScatterND")
+def _scatter_nd(xp, a, x, idx, upd):
+    out = x.copy()
+    k = idx.shape[-1]
+    flat_idx = idx.reshape(-1, k).astype(np.int64)
+    flat_idx = xp.where(flat_idx < 0, flat_idx + xp.asarray(x.shape[:k]), flat_idx)
+    target = tuple(flat_idx[:, j] for j in range(k))
+    vals = upd.reshape((-1,) + x.shape[k:])
+    if a["reduction"] == "none":
+        out[target] = vals  # duplicate indices: the last update wins (ONNX leaves the order undefined)
+    else:
+        getattr(xp, _SCATTER_UFUNC[a["reduction"]]).at(out, target, vals)
+    return out
+
+
+@kernel("ScatterElements")
+def _scatter_elements(xp, a, x, idx, upd):
+    out = x.copy()
+    ax = a["axis"] % x.ndim
+    i = idx.astype(np.int64)
+    i = xp.where(i < 0, i + x.shape[ax], i)
+    grid = list(xp.indices(idx.shape, sparse=True))
+    grid[ax] = i
+    if a["reduction"] == "none":
+        out[tuple(grid)] = upd
+    else:
+        getattr(xp, _SCATTER_UFUNC[a["reduction"]]).at(out, tuple(grid), upd)
+    return out
+
+
+@kernel("TopK")
+def _topk(xp, a, x):
+    """The k largest (smallest) along axis, sorted; ties keep the lower index first (stable sort)."""
+    ax = a["axis"] % x.ndim
+    order = xp.argsort(-x if a["largest"] else x, axis=ax, kind="stable")
+    idx = xp.take(order, xp.arange(a["k"]), axis=ax)
+    if a["output"] == "indices":
+        return idx.astype(np.int64)
+    return xp.take_along_axis(x, idx, axis=ax)
+
+
+@kernel("Einsum")
+def _einsum(xp, a, *xs):
+    return xp.einsum(a["equation"].replace(" ", ""), *xs, optimize=len(xs) > 1)
+
+
+def _spatial(a, nsp):
+    return (a.get("strides") or [1] * nsp, a.get("dilations") or [1] * nsp, a.get("pads") or [0] * (2 * nsp))
+
+
+@kernel("Conv")
+def _conv(xp, a, x, w, b=None):
+    nsp = x.ndim - 2
+    strides, dil, pads = _spatial(a, nsp)
+    g = a["group"]
+    if any(pads):
+        x = xp.pad(x, [(0, 0), (0, 0)] + [(pads[i], pads[i + nsp]) for i in range(nsp)])
+    n, c = x.shape[:2]
+    o, k = w.shape[0], w.shape[2:]
+    out_sp = [window_count(x.shape[2 + i], k[i], strides[i], dil[i], 0, 0) for i in range(nsp)]  # x is padded
+    # im2col from one strided slice per kernel offset, then a single (batched) GEMM
+    cols = xp.stack([x[(slice(None), slice(None)) + tuple(
+        slice(pos[i] * dil[i], pos[i] * dil[i] + (out_sp[i] - 1) * strides[i] + 1, strides[i]) for i in range(nsp))]
+        for pos in np.ndindex(*k)], axis=2)                        # (n, c, K, *out)
+    cols = cols.reshape(n, g, (c // g) * math.prod(k), math.prod(out_sp))
+    wg = w.reshape(g, o // g, (c // g) * math.prod(k))
+    y = xp.matmul(wg, cols).reshape(n, o, *out_sp)                # (n, g, o/g, P) -> (n, o, *out)
+    if b is not None:
+        y += b.reshape((1, o) + (1,) * nsp)
+    return y
+
+
+@kernel("ConvTranspose")
+def _conv_transpose(xp, a, x, w, b=None):
+    nsp = x.ndim - 2
+    strides, dil, pads = _spatial(a, nsp)
+    outpad = a.get("output_padding") or [0] * nsp
+    g = a["group"]
+    n, cin = x.shape[:2]
+    k = w.shape[2:]
+    cout_g = w.shape[1]
+    full = [(x.shape[2 + i] - 1) * strides[i] + (k[i] - 1) * dil[i] + 1 + outpad[i] for i in range(nsp)]
+    y = xp.zeros((n, g, cout_g, *full), dtype=x.dtype)
+    xg = x.reshape(n, g, cin // g, *x.shape[2:])
+    wg = w.reshape(g, cin // g, cout_g, *k)
+    sp = string.ascii_lowercase[:nsp]
+    for pos in np.ndindex(*k):
+        contrib = xp.einsum(f"NGC{sp},GCO->NGO{sp}", xg, wg[(slice(None),) * 3 + pos], optimize=True)
+        idx = tuple(slice(pos[i] * dil[i], pos[i] * dil[i] + (x.shape[2 + i] - 1) * strides[i] + 1, strides[i])
+                    for i in range(nsp))
+        y[(slice(None),) * 3 + idx] += contrib
+    y = y.reshape(n, g * cout_g, *full)
+    crop = tuple(slice(pads[i], full[i] - pads[i + nsp]) for i in range(nsp))
+    y = y[(slice(None), slice(None)) + crop]
+    if b is not None:
+        y = y + b.reshape((1, -1) + (1,) * nsp)
+    return xp.ascontiguousarray(y)
+
+
+def _pool_pads(a, x, nsp, k, strides, dil):
+    """Explicit pads, the output sizes, and the extra end padding that ceil_mode's last window needs."""
+    pads = a.get("pads") or [0] * (2 * nsp)
+    extra, out_sp = [], []
+    for i in range(nsp):
+        d = x.shape[2 + i] + pads[i] + pads[i + nsp]
+        out = window_count(x.shape[2 + i], k[i], strides[i], dil[i], pads[i], pads[i + nsp], bool(a["ceil_mode"]))
+        out_sp.append(out)
+        extra.append(max(0, (out - 1) * strides[i] + (k[i] - 1) * dil[i] + 1 - d))
+    return pads, extra, out_sp
+
+
+def _pool_reduce(xp, xpd, k, strides, dil, out_sp, combine):
+    """Fold `combine` over the k-window offsets: one strided slice per kernel position.
+
+    prod(k) whole-array ufunc calls beat a reduction over a sliding-window view by ~10x, because each
+    call streams contiguous rows instead of gathering tiny windows.
+    """
+    nsp = len(k)
+    acc = None
+    for pos in np.ndindex(*k):
+        idx = (slice(None), slice(None)) + tuple(
+            slice(pos[i] * dil[i], pos[i] * dil[i] + (out_sp[i] - 1) * strides[i] + 1, strides[i]) for i in range(nsp))
+        acc = xpd[idx].copy() if acc is None else combine(acc, xpd[idx], out=acc)
+    return acc
+
+
+@kernel("MaxPool")
+def _maxpool(xp, a, x):
+    nsp = x.ndim - 2
+    k = a["kernel_shape"]
+    strides, dil, _ = _spatial(a, nsp)
+    pads, extra, out_sp = _pool_pads(a, x, nsp, k, strides, dil)
+    width = [(0, 0), (0, 0)] + [(pads[i], pads[i + nsp] + extra[i]) for i in range(nsp)]
+    xpd = xp.pad(x, width, constant_values=-np.inf) if any(sum(w) for w in width) else x
+    return _pool_reduce(xp, xpd, k, strides, dil, out_sp, xp.maximum)
+
+
+@kernel("AveragePool")
+def _avgpool(xp, a, x):
+    nsp = x.ndim - 2
+    k = a["kernel_shape"]
+    strides = a.get("strides") or [1] * nsp
+    dil = [1] * nsp
+    pads, extra, out_sp = _pool_pads(a, x, nsp, k, strides, dil)
+    width = [(0, 0), (0, 0)] + [(pads[i], pads[i + nsp] + extra[i]) for i in range(nsp)]
+    xpd = xp.pad(x, width)
+    s = _pool_reduce(xp, xpd, k, strides, dil, out_sp, xp.add)
+    ones = xp.ones((1, 1) + x.shape[2:], dtype=x.dtype)
+    if a["count_include_pad"]:
+        inner = [(0, 0), (0, 0)] + [(pads[i], pads[i + nsp]) for i in range(nsp)]
+        ones = xp.pad(ones, inner, constant_values=1)
+        cnt_w = [(0, 0), (0, 0)] + [(0, extra[i]) for i in range(nsp)]
+    else:
+        cnt_w = width
+    cnt = _pool_reduce(xp, xp.pad(ones, cnt_w), k, strides, dil, out_sp, xp.add)
+    return s / cnt
+
+
+@kernel("GlobalAveragePool")
+def _gap(xp, a, x):
+    return xp.mean(x, axis=tuple(range(2, x.ndim)), keepdims=True, dtype=x.dtype)
+
+
+@kernel("BatchNormalization")
+def _bn(xp, a, x, scale, bias, mean, var):
+    shp = (1, -1) + (1,) * (x.ndim - 2)
+    inv = scale / xp.sqrt(var + var.dtype.type(a["epsilon"]))
+    return (x - mean.reshape(shp)) * inv.reshape(shp) + bias.reshape(shp)
+
+
+@kernel("LayerNorm")
+def _layernorm(xp, a, x, scale, bias=None):
+    axes = tuple(range(a["axis"] % x.ndim, x.ndim))
+    mu = xp.mean(x, axis=axes, keepdims=True)
+    d = x - mu
+    var = xp.mean(d * d, axis=axes, keepdims=True)
+    y = d / xp.sqrt(var + x.dtype.type(a["epsilon"])) * scale
+    return y if bias is None else y + bias
+
+
+@kernel("RMSNorm")
+def _rmsnorm(xp, a, x, scale):
+    axes = tuple(range(a["axis"] % x.ndim, x.ndim))
+    ms = xp.mean(x * x, axis=axes, keepdims=True)
+    return x / xp.sqrt(ms + x.dtype.type(a["epsilon"])) * scale
+
+
+@kernel("GroupNorm")
+def _groupnorm(xp, a, x, scale, bias):
+    n, c = x.shape[:2]
+    g = a["num_groups"]
+    xg = x.reshape(n, g, -1)
+    mu = xp.mean(xg, axis=2, keepdims=True)
+    d = xg - mu
+    var = xp.mean(d * d, axis=2, keepdims=True)
+    y = (d / xp.sqrt(var + x.dtype.type(a["epsilon"]))).reshape(x.shape)
+    shp = (1, c) + (1,) * (x.ndim - 2)
+    return y * scale.reshape(shp) + bias.reshape(shp)
+
+
+@kernel("ScaledDotProductAttention")
+def _sdpa(xp, a, q, k, v, mask=None):
+    t = q.dtype.type
+    scale = a["scale"] if a["scale"] is not None else 1.0 / math.sqrt(q.shape[-1])
+    s = xp.matmul(q * t(scale), xp.swapaxes(k, -1, -2))  # scale the (smaller) q, not the scores
+    lq, lk = q.shape[-2], k.shape[-2]
+    neg_inf = t(-np.inf)
+    if a["causal"]:
+        s += xp.where(xp.tril(xp.ones((lq, lk), dtype=bool)), t(0), neg_inf)
+    if mask is not None:
+        s += xp.where(mask, t(0), neg_inf) if mask.dtype == bool else mask  # small bias, broadcast in place
+    m = xp.max(s, axis=-1, keepdims=True)
+    s -= xp.where(xp.isfinite(m), m, t(0))
+    xp.exp(s, out=s)
+    den = xp.sum(s, axis=-1, keepdims=True)
+    s /= xp.where(den == 0, t(1), den)  # fully masked rows give zeros, not NaN
+    return xp.matmul(s, v)
