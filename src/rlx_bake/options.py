@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from rlx_format.errors import RlxError
+from rlx_runtime.options import DEFAULT_FOLD_GROWTH_LIMIT, DEFAULT_FOLD_MIN_BYTES
 
 PROFILES = {
     # package only: weights become constants and are stored; no graph rewrites
@@ -26,8 +27,8 @@ class BakeOptions:
     ternary: bool = True
     quant: bool = False
     strict: bool = False
-    fold_growth_limit: float = 16
-    fold_min_bytes: int = 1 << 20
+    fold_growth_limit: float = DEFAULT_FOLD_GROWTH_LIMIT
+    fold_min_bytes: int = DEFAULT_FOLD_MIN_BYTES
 
     @classmethod
     def from_profile(cls, name: str = DEFAULT_PROFILE, **overrides) -> BakeOptions:

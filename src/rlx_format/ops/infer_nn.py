@@ -63,15 +63,19 @@ def _pool_out(ctx, d, k, s, dl, pb, pe, ceil_mode=False) -> Dim:
     return window_count(d, k, s, dl, pb, pe, ceil_mode)
 
 
-def _conv(ctx: InferCtx) -> TensorType:
+def _conv_operands(ctx: InferCtx):
+    """Checks shared by Conv and ConvTranspose: (x, w, spatial rank, group, strides, dilations, pads)."""
     x, w = ctx.inputs[:2]
     _require_float(ctx)
     _same_dtypes(ctx, tuple(range(len(ctx.inputs))))
     if x.rank not in (3, 4, 5) or w.rank != x.rank:
         raise ctx.fail(f"input rank {x.rank}, weight rank {w.rank}; expected both 3, 4 or 5 (1-D/2-D/3-D)")
     nsp = x.rank - 2
-    g = ctx.attrs["group"]
-    strides, dil, pads = _spatial_attrs(ctx, nsp, w.shape[2:])
+    return (x, w, nsp, ctx.attrs["group"], *_spatial_attrs(ctx, nsp, w.shape[2:]))
+
+
+def _conv(ctx: InferCtx) -> TensorType:
+    x, w, nsp, g, strides, dil, pads = _conv_operands(ctx)
     if isinstance(x.shape[1], int) and isinstance(w.shape[1], int) and x.shape[1] != w.shape[1] * g:
         raise ctx.fail(f"input channels {x.shape[1]} != weight in-channels {w.shape[1]} x group {g}")
     if len(ctx.inputs) == 3 and ctx.inputs[2].shape not in ((w.shape[0],),) and isinstance(w.shape[0], int):
@@ -82,14 +86,7 @@ def _conv(ctx: InferCtx) -> TensorType:
 
 
 def _conv_transpose(ctx: InferCtx) -> TensorType:
-    x, w = ctx.inputs[:2]
-    _require_float(ctx)
-    _same_dtypes(ctx, tuple(range(len(ctx.inputs))))
-    if x.rank not in (3, 4, 5) or w.rank != x.rank:
-        raise ctx.fail(f"input rank {x.rank}, weight rank {w.rank}; expected both 3, 4 or 5")
-    nsp = x.rank - 2
-    g = ctx.attrs["group"]
-    strides, dil, pads = _spatial_attrs(ctx, nsp, w.shape[2:])
+    x, w, nsp, g, strides, dil, pads = _conv_operands(ctx)
     op = ctx.attrs.get("output_padding") or [0] * nsp
     if isinstance(x.shape[1], int) and isinstance(w.shape[0], int) and x.shape[1] != w.shape[0]:
         raise ctx.fail(f"input channels {x.shape[1]} != weight dim 0 {w.shape[0]}")
