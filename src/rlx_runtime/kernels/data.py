@@ -125,16 +125,19 @@ def _d2s(xp, a, x):
 
 
 def _resize_coords(xp, a, d_in: int, d_out: int, scale: float):
-    """Source coordinate of every output index along one axis (ONNX coordinate_transformation_mode)."""
-    i = xp.arange(d_out, dtype=np.float64)
+    """Source coordinate of every output index along one axis (ONNX coordinate_transformation_mode),
+    computed in float32 in the same operation order as onnxruntime (ties in nearest mode depend on it)."""
+    f = np.float32
+    i = xp.arange(d_out, dtype=np.float32)
+    s = f(scale)
     mode = a["coordinate_transformation_mode"]
     if mode == "align_corners":
-        return i * ((d_in - 1) / (d_out - 1)) if d_out > 1 else xp.zeros(d_out)
+        return i * f(d_in - 1) / f(d_out - 1) if d_out > 1 else xp.zeros(d_out, np.float32)
     if mode == "asymmetric":
-        return i / scale
+        return i / s
     if mode == "pytorch_half_pixel" and d_out == 1:
-        return xp.zeros(1)
-    return (i + 0.5) / scale - 0.5
+        return xp.zeros(1, np.float32)
+    return (i + f(0.5)) / s - f(0.5)
 
 
 def _nearest(xp, a, c):
@@ -153,7 +156,7 @@ def _nearest(xp, a, c):
 def _resize(xp, a, x):
     """Separable resize, one axis at a time: nearest is a gather, linear a weighted pair of gathers."""
     sizes = a["sizes"] or [int(math.floor(d * s)) for d, s in zip(x.shape, a["scales"])]
-    scales = a["scales"] or [o / d for o, d in zip(sizes, x.shape)]
+    scales = a["scales"] or [np.float32(o) / np.float32(d) for o, d in zip(sizes, x.shape)]
     if list(x.shape) == list(sizes):  # same output shape: a copy, whatever the scales (as onnxruntime does)
         return x.copy()
     y = x
