@@ -1,8 +1,17 @@
+import os
+
 import numpy as np
 import pytest
+from hypothesis import settings
 
 from rlx_format import GraphBuilder
 from rlx_runtime import Device, Session
+
+# CI runs the property tests with a fixed example sequence, so a submission is judged on the same cases
+# every time; local runs (and `make fuzz`) keep exploring new ones.
+settings.register_profile("ci", derandomize=True, database=None)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 
 def _has_gpu() -> bool:
