@@ -329,3 +329,24 @@ def test_activation_lowerings(tmp_path):
              helper.make_node("Shrink", ["x"], ["e"], lambd=0.8, bias=0.3)]
     outs = [_vi(n, None) for n in "abcde"]
     _compare(tmp_path, _model(nodes, [_vi("x", [3, 5])], outs, [], 18), {"x": x})
+
+
+@pytest.mark.parametrize("causal,mask", [(0, None), (1, None), (0, "bool"), (0, "float")])
+def test_attention_import(tmp_path, causal, mask):
+    q = R.standard_normal((2, 3, 5, 8)).astype(np.float32)
+    k = R.standard_normal((2, 3, 6, 8)).astype(np.float32)
+    v = R.standard_normal((2, 3, 6, 4)).astype(np.float32)
+    inputs = [_vi("q", list(q.shape)), _vi("k", list(k.shape)), _vi("v", list(v.shape))]
+    feeds = {"q": q, "k": k, "v": v}
+    names = ["q", "k", "v"]
+    if mask == "bool":
+        m = R.random((2, 1, 5, 6)) < 0.7
+        m[..., 0] = True
+        inputs.append(_vi("m", list(m.shape), TensorProto.BOOL))
+        feeds["m"], names = m, names + ["m"]
+    elif mask == "float":
+        m = (R.standard_normal((1, 1, 5, 6)) * 0.5).astype(np.float32)
+        inputs.append(_vi("m", list(m.shape)))
+        feeds["m"], names = m, names + ["m"]
+    node = helper.make_node("Attention", names, ["y"], is_causal=causal)
+    _compare(tmp_path, _model([node], inputs, [_vi("y", None)], [], 23), feeds)

@@ -231,3 +231,25 @@ def _lp_norm(ctx, n, a):
 
 
 LOWER["LpNormalization"] = _lp_norm
+
+
+def _attention(ctx, n, a):
+    """ONNX Attention (opset 23) on 4-D [batch, heads, seq, dim] inputs -> ScaledDotProductAttention."""
+    if len(n.input) > 4 and any(n.input[4:]) or any(o for o in n.output[1:]):
+        raise Unsupported("Attention with past/present key-value caches")
+    if a.get("softcap", 0.0) or a.get("qk_matmul_output_mode", 0):
+        raise Unsupported("Attention softcap / qk_matmul_output_mode")
+    q, k, v = n.input[:3]
+    if any(ctx.rank(t) != 4 for t in (q, k, v)):
+        raise Unsupported("Attention on 3-D inputs (q_num_heads/kv_num_heads packing)")
+    tq, tk = ctx.types[q][1], ctx.types[k][1]
+    if isinstance(tq[1], int) and isinstance(tk[1], int) and tq[1] != tk[1] and tk[1] != 1:
+        raise Unsupported("grouped-query Attention (fewer key/value heads than query heads)")
+    attrs = {"causal": a.get("is_causal", 0)}
+    if "scale" in a:
+        attrs["scale"] = float(a["scale"])
+    ins = [q, k, v] + ([n.input[3]] if len(n.input) > 3 and n.input[3] else [])
+    ctx.emit("ScaledDotProductAttention", ins, attrs, n.output[0])
+
+
+LOWER["Attention"] = _attention
