@@ -22,7 +22,7 @@ from rlx_format.ops import RANDOM_OPS
 from .device import Device
 from .options import CompileOptions
 from .pecache import PECache, PECacheKey
-from .plan import Plan, check_array
+from .plan import Plan, check_array, check_feeds
 
 BOUNDARY_PREFIX = "__hoisted__/"
 
@@ -137,6 +137,7 @@ class HoistedGraph:
         self.options = options
         self.pass_report = report
         self._xp = xp
+        self._input_decls = [(v.name, v.dtype, tuple(v.shape)) for v in split.inputs]
         self._profile: dict | None = {} if options.profile else None
         # one small plan per boundary tensor, so invalidation is per boundary
         self._prep: dict[str, Plan] = {}
@@ -175,17 +176,8 @@ class HoistedGraph:
             self._main.set_param(name, array)
 
     def run(self, feeds: dict) -> dict:
-        if not isinstance(feeds, dict):
-            raise RlxError(f"run() takes a dict of input name -> array; got {type(feeds).__name__}")
-        expected = [v.name for v in self.split.inputs]
-        unknown = sorted(set(feeds) - set(expected))
-        if unknown:
-            raise RlxError(f"run(): unknown input(s) {unknown}; expected {expected}")
-        dims: dict = {}
-        for v in self.split.inputs:  # the same checks as the unsplit graph, whichever half reads the input
-            if v.name not in feeds:
-                raise RlxError(f"run(): missing input {v.name!r} ({v.dtype}{list(v.shape)}); expected {expected}")
-            check_array(self._xp, f"input {v.name!r}", feeds[v.name], v.dtype, tuple(v.shape), dims)
+        # the unsplit graph's signature, whichever half reads each input
+        feeds = check_feeds(self._xp, self._input_decls, feeds)
         for b in self.split.boundary:
             plan = self._prep[b]
             names = [n for n, *_ in plan.input_slots]  # inputs a Shape-keyed boundary reads (shape mode)

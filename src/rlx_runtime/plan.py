@@ -50,6 +50,7 @@ class Plan:
         self.slot = slot
         self.n_slots = len(slot)
         self.input_slots = [(v.name, slot[v.name], v.dtype, tuple(v.shape)) for v in graph.inputs]
+        self.input_decls = [(v.name, v.dtype, tuple(v.shape)) for v in graph.inputs]
         self.param_slot = {v.name: slot[v.name] for v in graph.params}
         self.param_type = {v.name: v for v in graph.params}
         self.output_slots = [(o, slot[o]) for o in graph.outputs]
@@ -87,18 +88,10 @@ class Plan:
         return check_array(self.xp, f"param {name!r}", value, v.dtype, tuple(v.shape), {})
 
     def bind_inputs(self, feeds: dict) -> list:
-        if not isinstance(feeds, dict):
-            raise RuntimeInputError(f"run() takes a dict of input name -> array; got {type(feeds).__name__}")
-        expected = [n for n, *_ in self.input_slots]
-        unknown = sorted(set(feeds) - set(expected))
-        if unknown:
-            raise RuntimeInputError(f"run(): unknown input(s) {unknown}; expected {expected}")
         vals = list(self.base)
-        dims: dict[str, tuple[int, str]] = {}
-        for name, s, dtype, shape in self.input_slots:
-            if name not in feeds:
-                raise RuntimeInputError(f"run(): missing input {name!r} ({dtype}{list(shape)}); expected {expected}")
-            vals[s] = check_array(self.xp, f"input {name!r}", feeds[name], dtype, shape, dims)
+        checked = check_feeds(self.xp, self.input_decls, feeds)
+        for name, s, *_ in self.input_slots:
+            vals[s] = checked[name]
         for pname, s in self.param_slot.items():
             if vals[s] is None:
                 raise RuntimeInputError(f"run(): param {pname!r} is not set; call set_param({pname!r}, array) "
@@ -160,6 +153,24 @@ class Plan:
             seen.add(id(a))
             out[name] = a
         return out
+
+
+def check_feeds(xp, decls: list[tuple[str, str, tuple]], feeds) -> dict:
+    """Validate run() inputs against (name, dtype, shape) declarations: a dict, no unknown or missing
+    names, dtypes, ranks, static dims, and symbolic dims bound consistently across inputs."""
+    if not isinstance(feeds, dict):
+        raise RuntimeInputError(f"run() takes a dict of input name -> array; got {type(feeds).__name__}")
+    expected = [n for n, *_ in decls]
+    unknown = sorted(set(feeds) - set(expected))
+    if unknown:
+        raise RuntimeInputError(f"run(): unknown input(s) {unknown}; expected {expected}")
+    dims: dict[str, tuple[int, str]] = {}
+    checked = {}
+    for name, dtype, shape in decls:
+        if name not in feeds:
+            raise RuntimeInputError(f"run(): missing input {name!r} ({dtype}{list(shape)}); expected {expected}")
+        checked[name] = check_array(xp, f"input {name!r}", feeds[name], dtype, shape, dims)
+    return checked
 
 
 def check_array(xp, what: str, value, dtype: str, shape: tuple, dims: dict):
