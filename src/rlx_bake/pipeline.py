@@ -8,7 +8,7 @@ from collections.abc import Callable
 import numpy as np
 
 from rlx_format.container import TOOL_VERSION, RlxFile, Weight
-from rlx_format.dtypes import NUMPY_DTYPES
+from rlx_format.dtypes import NUMPY_DTYPES, dtype_of_array
 from rlx_format.errors import RlxError
 from rlx_format.graph import Graph
 from rlx_runtime.passes import PassReport, constant_fold, dead_code_elimination, dedupe_constants, simplify
@@ -36,7 +36,7 @@ def _check_weights(graph: Graph, weights: dict, report: BakeReport, strict: bool
         if name not in params:
             continue
         p = params[name]
-        got_dt = dtypes.get(name) or _ir_dtype(arr)
+        got_dt = dtypes.get(name) or dtype_of_array(np.asarray(arr))
         if got_dt != p.dtype:
             raise RlxError(f"weight {name!r}: dtype {got_dt}; the graph declares param {name!r} as {p.dtype} "
                            "(convert the weights file or fix the graph; rlx never casts silently)")
@@ -50,11 +50,6 @@ def _check_weights(graph: Graph, weights: dict, report: BakeReport, strict: bool
     report.params_baked = [p for p in params if p in bindings]
     report.params_unbound = unbound
     return bindings
-
-
-def _ir_dtype(arr) -> str:
-    from rlx_format.dtypes import dtype_of_array
-    return dtype_of_array(np.asarray(arr))
 
 
 def bake(graph: Graph, weights: dict | None = None, options: BakeOptions | None = None,

@@ -166,11 +166,11 @@ class HoistedGraph:
         decl = next((p for p in self.split.params if p.name == name), None)
         if decl is None:
             raise RlxError(f"set_param: unknown param {name!r}; expected one of {self.param_names or 'none'}")
-        check_array(self._xp, f"param {name!r}", array, decl.dtype, tuple(decl.shape), {})
+        checked = check_array(self._xp, f"param {name!r}", array, decl.dtype, tuple(decl.shape), {})
         owners = [b for b, deps in self.split.deps.items() if name in deps]
         for b in owners:
             plan = self._prep[b]
-            plan.base[plan.param_slot[name]] = plan.check_param(name, array)
+            plan.base[plan.param_slot[name]] = checked
             self._version[b] += 1  # invalidates only what depends on this param
         if name in self.split.main_params:
             self._main.set_param(name, array)

@@ -6,6 +6,7 @@ import os
 from collections import Counter
 from pathlib import Path
 
+from rlx_format.dtypes import dtype_of_array
 from rlx_format.errors import RlxError
 from rlx_format.graph import Graph, Value
 
@@ -119,7 +120,6 @@ def import_onnx(path: str | os.PathLike) -> tuple[Graph, WeightSet]:
     for name, arr in ctx.consts.items():
         if name not in used:
             continue
-        from rlx_format.dtypes import dtype_of_array
         dt = dtype_of_array(arr)
         consts.append(Value(name, dt, tuple(arr.shape), arr))
     outputs = [o.name for o in g.output]
