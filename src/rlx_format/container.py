@@ -290,18 +290,22 @@ def write_rlx(path: str | os.PathLike, rf: RlxFile) -> None:
 # ------------------------------------------------------------------------------------------- reader
 
 
-def read_rlx(path: str | os.PathLike, password: str | bytes | None = None, *, verify: bool = False) -> RlxFile:
-    """Open an .rlx file (memory-mapped). Sealed files need `password`."""
-    path = Path(path)
+def open_for_reading(path: Path) -> BinaryIO:
+    """open(path, "rb") with the library's errors for missing files, directories and OS failures."""
     try:
-        f = open(path, "rb")
+        return open(path, "rb")
     except FileNotFoundError:
         raise FormatError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise FormatError(f"{path}: is a directory; expected an .rlx file") from None
     except OSError as e:
         raise FormatError(f"{path}: cannot open ({e.strerror})") from None
-    with f:
+
+
+def read_rlx(path: str | os.PathLike, password: str | bytes | None = None, *, verify: bool = False) -> RlxFile:
+    """Open an .rlx file (memory-mapped). Sealed files need `password`."""
+    path = Path(path)
+    with open_for_reading(path) as f:
         head = f.read(8)
         if head == RLXENC_MAGIC:
             if password is None:

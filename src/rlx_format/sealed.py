@@ -20,7 +20,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from .constants import PREAMBLE_BYTES, RLXBAKE_MAGIC, RLXENC_MAGIC
-from .container import RlxFile, _layout, _write_stream, atomic_write, read_rlx_bytes
+from .container import RlxFile, _layout, _write_stream, atomic_write, open_for_reading, read_rlx_bytes
 from .errors import DecryptError, FormatError, RlxError
 
 ENC_VERSION = 1
@@ -202,7 +202,7 @@ def encrypt_file(src: str | os.PathLike, dst: str | os.PathLike, password: str |
                  kdf: KdfParams | None = None, chunk_size: int = DEFAULT_CHUNK) -> None:
     """Seal an existing plaintext .rlx file, streaming in constant memory."""
     src = Path(src)
-    with _open(src) as f:
+    with open_for_reading(src) as f:
         if f.read(8) != RLXBAKE_MAGIC:
             raise FormatError(f"{src}: not a plaintext rlx file (expected magic {RLXBAKE_MAGIC!r})")
         f.seek(0)
@@ -216,15 +216,6 @@ def encrypt_file(src: str | os.PathLike, dst: str | os.PathLike, password: str |
             w.close()
 
         atomic_write(dst, write)
-
-
-def _open(path: Path):
-    try:
-        return open(path, "rb")
-    except FileNotFoundError:
-        raise FormatError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise FormatError(f"{path}: is a directory; expected a file") from None
 
 
 def _decrypt_chunks(f: BinaryIO, h: SealHeader, key: bytes, sink) -> None:
@@ -250,7 +241,7 @@ def _decrypt_chunks(f: BinaryIO, h: SealHeader, key: bytes, sink) -> None:
 
 def _open_sealed(path: str | os.PathLike, password) -> tuple:
     path = Path(path)
-    f = _open(path)
+    f = open_for_reading(path)
     try:
         h = parse_header(f.read(HEADER_BYTES), os.fstat(f.fileno()).st_size, str(path))
         key = derive_key(password, h.salt, h.kdf)
@@ -290,5 +281,5 @@ def is_encrypted(path: str | os.PathLike) -> bool:
 
 def read_seal_header(path: str | os.PathLike) -> SealHeader:
     """The sealed header (KDF params, chunking, length) without the password."""
-    with _open(Path(path)) as f:
+    with open_for_reading(Path(path)) as f:
         return parse_header(f.read(HEADER_BYTES), None, str(path))
