@@ -18,6 +18,7 @@ from rlx_format.graph import Graph, Value
 from rlx_format.ops import RANDOM_OPS
 
 from ..kernels import KERNELS, prepare_attrs
+from ..plan import leaf_array
 
 
 def _bytes(t) -> int | None:
@@ -53,8 +54,7 @@ def constant_fold(graph: Graph, report=None, growth_limit: float = 16, min_bytes
                 report.fold_refused.append({"node": n.name, "op": n.op, "reason": reason})
             kept.append(n)
             continue
-        args = [consts[i].value for i in n.inputs]
-        args = [a if consts[i].dtype != "bf16" else _widen(a) for a, i in zip(args, n.inputs)]
+        args = [leaf_array(np, consts[i].value, consts[i].dtype) for i in n.inputs]  # as the runtime holds them
         try:
             val = KERNELS[n.op](np, prepare_attrs(n.op, n.attrs), *args)
         except Exception as e:  # noqa: BLE001
@@ -74,8 +74,3 @@ def constant_fold(graph: Graph, report=None, growth_limit: float = 16, min_bytes
                 del consts[i]
     graph.nodes = kept
     return graph.validate()
-
-
-def _widen(bits):
-    from rlx_format.dtypes import bf16_to_f32
-    return bf16_to_f32(bits)
