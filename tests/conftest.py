@@ -37,8 +37,10 @@ def rng():
     return np.random.default_rng(1234)
 
 
-def run_op(op: str, inputs: list[np.ndarray], attrs: dict | None = None, consts: tuple[int, ...] = ()) -> np.ndarray:
-    """Build a one-node graph (inputs fed at run time, `consts` indices as constants) and run it."""
+def run_op(op: str, inputs: list[np.ndarray], attrs: dict | None = None, consts: tuple[int, ...] = (),
+           session=None) -> np.ndarray:
+    """Build a one-node graph (inputs fed at run time, `consts` indices as constants) and run it
+    (on the CPU unless another `session` is given)."""
     from rlx_format.dtypes import dtype_of_array
 
     g = GraphBuilder(op)
@@ -50,4 +52,4 @@ def run_op(op: str, inputs: list[np.ndarray], attrs: dict | None = None, consts:
             names.append(g.input(f"in{i}", dtype_of_array(a), list(a.shape)))
             feeds[f"in{i}"] = a
     g.output(g.op(op, *names, name="out", **(attrs or {})))
-    return Session(Device.CPU).compile(g.build()).run(feeds)["out"]
+    return (session or Session(Device.CPU)).compile(g.build()).run(feeds)["out"]

@@ -57,9 +57,15 @@ def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
     return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
+def bf16_words(xp, x):
+    """f32 rounded to nearest-even bf16, as uint32 words with the low 16 bits zero (NaN stays NaN).
+
+    Array-module generic (`xp` = numpy or cupy): the runtime's Cast to bf16 uses it on the device."""
+    u = xp.ascontiguousarray(x, dtype=xp.float32).view(xp.uint32)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    return xp.where(xp.isnan(x), (u | 0x400000) & 0xFFFF0000, rounded).astype(xp.uint32)
+
+
 def f32_to_bf16(x: np.ndarray) -> np.ndarray:
     """Round-to-nearest-even f32 -> bf16 bit patterns (NaN stays NaN)."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    rounded = (u + 0x7FFF + ((u >> 16) & 1)) >> 16
-    nan = np.isnan(x)
-    return np.where(nan, (u >> 16) | 0x40, rounded).astype(np.uint16).reshape(np.shape(x))
+    return (bf16_words(np, x) >> 16).astype(np.uint16).reshape(np.shape(x))

@@ -1,10 +1,10 @@
 """rlx_runtime: execution — op table, Session/CompiledGraph, compiler passes, hoisting, PECache."""
 
-from .device import Device
+from .device import Device, to_host
 from .options import CompileOptions
 from .session import CompiledGraph, Session
 
-__all__ = ["Session", "Device", "CompileOptions", "CompiledGraph"]
+__all__ = ["Session", "Device", "CompileOptions", "CompiledGraph", "to_host"]
 
 from .hoist import HoistedGraph, HoistSplit, split_param_invariant, split_shape_invariant  # noqa: E402
 from .passes import specialize_params  # noqa: E402

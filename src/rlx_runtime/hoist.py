@@ -19,7 +19,7 @@ from rlx_format.errors import RlxError
 from rlx_format.graph import Graph, Node, Value
 from rlx_format.ops import RANDOM_OPS
 
-from .device import Device
+from .device import Device, device_scope
 from .options import CompileOptions
 from .pecache import PECache, PECacheKey
 from .plan import Plan, check_array, check_feeds
@@ -129,11 +129,13 @@ def _vcopy(v: Value) -> Value:
 class HoistedGraph:
     """Same public API as CompiledGraph; prepare runs once per invalidation, main every forward."""
 
-    def __init__(self, split: HoistSplit, xp, device: Device, options: CompileOptions, report=None):
+    def __init__(self, split: HoistSplit, xp, device: Device, options: CompileOptions, report=None, index: int = 0):
         from .session import CompiledGraph
 
         self.split = split
         self.device = device
+        self.device_index = index
+        self._gpu = None if xp is np else device_scope(xp, index)
         self.options = options
         self.pass_report = report
         self._xp = xp
@@ -145,10 +147,11 @@ class HoistedGraph:
             sub = _restrict(split.prepare, b)
             self._prep[b] = Plan(sub, xp)
         self._version = dict.fromkeys(split.boundary, 0)  # bumped by set_param on a param it depends on
-        self.cache = PECache(capacity=1, device=device if device is not Device.CPU else None)
+        # boundary tensors are computed on the device and stay there: the cache holds device arrays
+        self.cache = PECache(capacity=1, device=device if device is not Device.CPU else None, index=index)
         self._cache: dict[str, object] = {}  # the boundary values bound into the current forward
         plain = CompileOptions(optimize=False, cache_param_invariant=False, profile=options.profile)
-        self._main = CompiledGraph(split.main, xp, device, plain) if split.main is not None else None
+        self._main = CompiledGraph(split.main, xp, device, plain, index=index) if split.main is not None else None
 
     # ------------------------------------------------------------------ API
     @property
@@ -163,6 +166,12 @@ class HoistedGraph:
         return [s.op for p in self._prep.values() for s in p.steps]
 
     def set_param(self, name: str, array) -> None:
+        if self._gpu is not None:
+            with self._gpu:
+                return self._set_param(name, array)
+        return self._set_param(name, array)
+
+    def _set_param(self, name: str, array) -> None:
         decl = next((p for p in self.split.params if p.name == name), None)
         if decl is None:
             raise RlxError(f"set_param: unknown param {name!r}; expected one of {self.param_names or 'none'}")
@@ -173,9 +182,16 @@ class HoistedGraph:
             plan.base[plan.param_slot[name]] = checked
             self._version[b] += 1  # invalidates only what depends on this param
         if name in self.split.main_params:
-            self._main.set_param(name, array)
+            self._main.set_param(name, checked)
 
     def run(self, feeds: dict) -> dict:
+        """As CompiledGraph.run; prepare runs first when a boundary is missing or stale."""
+        if self._gpu is not None:
+            with self._gpu:
+                return self._run(feeds)
+        return self._run(feeds)
+
+    def _run(self, feeds: dict) -> dict:
         # the unsplit graph's signature, whichever half reads each input
         feeds = check_feeds(self._xp, self._input_decls, feeds)
         for b in self.split.boundary:

@@ -72,11 +72,12 @@ class PECacheKey:
 class PECache:
     """name -> up to `capacity` (key, tensor) entries. Stored host arrays are read-only."""
 
-    def __init__(self, capacity: int = 1, device=None):
+    def __init__(self, capacity: int = 1, device=None, index: int = 0):
         if capacity < 1:
             raise RlxError(f"PECache capacity must be >= 1; got {capacity}")
         self.capacity = capacity
         self.device = device
+        self.index = index
         self._xp = None
         self._entries: dict[str, list[tuple[PECacheKey, object]]] = {}
         self.hits = 0
@@ -86,7 +87,7 @@ class PECache:
         if self.device is not None and getattr(self.device, "value", None) == "cuda":
             if self._xp is None:
                 from .device import array_module
-                self._xp = array_module(self.device)
+                self._xp = array_module(self.device, self.index)
             return self._xp.asarray(value)  # uploaded once; hits skip the host-to-device copy
         arr = np.asarray(value)
         if arr.flags.writeable:

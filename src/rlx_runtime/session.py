@@ -9,17 +9,25 @@ import numpy as np
 from rlx_format.errors import RlxError
 from rlx_format.graph import Graph
 
-from .device import Device, array_module
+from .device import Device, array_module, device_scope, parse_device
 from .options import CompileOptions
 from .plan import Plan
 
 
 class CompiledGraph:
-    """A graph planned for one device. `run` is cheap; `set_param` binds run-time weights."""
+    """A graph planned for one device. `run` is cheap; `set_param` binds run-time weights.
 
-    def __init__(self, graph: Graph, xp, device: Device, options: CompileOptions, report: Any = None):
+    On CUDA, constants are uploaded once here; `run` takes numpy or cupy inputs (numpy ones are
+    uploaded per call) and returns cupy arrays that stay on the GPU (`rlx_runtime.to_host` or
+    `.get()` copies them back).
+    """
+
+    def __init__(self, graph: Graph, xp, device: Device, options: CompileOptions, report: Any = None,
+                 index: int = 0):
         self.graph = graph
         self.device = device
+        self.device_index = index
+        self._gpu = None if xp is np else device_scope(xp, index)
         self.options = options
         self.pass_report = report
         self._plan = Plan(graph, xp)
@@ -42,10 +50,22 @@ class CompiledGraph:
         return [s.op for s in self._plan.steps]
 
     def set_param(self, name: str, array) -> None:
-        """Bind a run-time weight. The array is kept by reference (no copy): do not modify it afterwards."""
+        """Bind a run-time weight. A numpy array is kept by reference on CPU (do not modify it afterwards);
+        on CUDA it is uploaded once, here, and a cupy array is kept by reference."""
+        if self._gpu is not None:
+            with self._gpu:
+                self._plan.base[self._plan.param_slot.get(name, -1)] = self._plan.check_param(name, array)
+            return
         self._plan.base[self._plan.param_slot.get(name, -1)] = self._plan.check_param(name, array)
 
     def run(self, feeds: dict) -> dict:
+        """Inputs by name -> outputs by name (numpy on CPU; cupy arrays on CUDA)."""
+        if self._gpu is not None:
+            with self._gpu:
+                return self._run(feeds)
+        return self._run(feeds)
+
+    def _run(self, feeds: dict) -> dict:
         plan = self._plan
         vals = plan.bind_inputs(feeds)
         with np.errstate(all="ignore"):  # IEEE results (NaN/Inf) are the semantics, not warnings
@@ -67,17 +87,27 @@ class CompiledGraph:
 
 
 class Session:
-    """Compiles graphs (or read .rlx files) for one device."""
+    """Compiles graphs (or read .rlx files) for one device: Session(Device.CUDA), Session("cuda:1")."""
 
-    def __init__(self, device: Device | str = Device.CPU):
-        self.device = Device.parse(device) if isinstance(device, str) else device
-        self.xp = array_module(self.device)
+    def __init__(self, device: Device | str = Device.CPU, index: int | None = None):
+        if isinstance(device, str):
+            device, parsed = parse_device(device)
+            index = parsed if index is None else index
+        if not isinstance(device, Device):
+            raise RlxError(f"Session(device): expected Device.CPU, Device.CUDA or a string like 'cuda:0'; "
+                           f"got {type(device).__name__}")
+        self.device = device
+        self.index = index or 0
+        self.xp = array_module(self.device, self.index)
 
     def compile(self, graph_or_file) -> CompiledGraph:
         return self.compile_with(graph_or_file, CompileOptions(optimize=False))
 
     def compile_with(self, graph_or_file, options: CompileOptions | None = None):
-        options = options or CompileOptions()
+        with device_scope(self.xp, self.index):  # constants are uploaded to this GPU
+            return self._compile(graph_or_file, options or CompileOptions())
+
+    def _compile(self, graph_or_file, options: CompileOptions):
         graph = _as_graph(graph_or_file)
         report = None
         if options.param_bindings or options.optimize or options.unpack_quantized:
@@ -87,8 +117,8 @@ class Session:
             from .hoist import HoistedGraph, split_param_invariant, split_shape_invariant
             split = (split_shape_invariant if options.cache_shape_invariant else split_param_invariant)(graph)
             if split is not None:
-                return HoistedGraph(split, self.xp, self.device, options, report)
-        return CompiledGraph(graph, self.xp, self.device, options, report)
+                return HoistedGraph(split, self.xp, self.device, options, report, self.index)
+        return CompiledGraph(graph, self.xp, self.device, options, report, self.index)
 
 
 def _as_graph(obj) -> Graph:

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from rlx_format.dtypes import bf16_to_f32, compute_dtype, f32_to_bf16
+from rlx_format.dtypes import bf16_words, compute_dtype
 
 from .registry import KERNELS, kernel, special
 
@@ -98,8 +98,7 @@ def _clip(xp, a, x, lo=None, hi=None):
 def _cast(xp, a, x):
     to = a["to"]
     if to == "bf16":  # runtime carries bf16 widened to f32, rounded to bf16 precision
-        bits = f32_to_bf16(x.astype(np.float32) if xp is np else x.astype(xp.float32).get())
-        return xp.asarray(bf16_to_f32(bits))
+        return bf16_words(xp, x).view(xp.float32).reshape(x.shape)
     if to == "bool":
         return x != 0
     return x.astype(compute_dtype(to))

@@ -1,14 +1,13 @@
-"""Kernels: RNG ops (seeded once per plan) and the quantized ops (numba CPU kernels)."""
+"""Kernels: RNG ops (seeded once per plan) and the quantized ops (numba on CPU, rlx_runtime.cuda on GPU)."""
 
 from __future__ import annotations
-
 
 import numpy as np
 
 from rlx_format.dtypes import compute_dtype
-from rlx_format.errors import RlxError
 
 from .registry import kernel
+
 
 @kernel("RandomNormal")
 def _rnormal(xp, a, rng=None):
@@ -22,26 +21,24 @@ def _runiform(xp, a):
     return xp.asarray(vals.astype(compute_dtype(a["dtype"])))
 
 
-
-
-
-
 @kernel("Dequantize")
 def _dequantize(xp, a, packed):
     if xp is np:
         from ..quant_kernels import dequantize_cpu
         return dequantize_cpu(packed, a["encoding"], a["shape"])
-    raise RlxError("Dequantize on CUDA is not implemented yet; run this graph on Device.CPU")
+    from ..cuda.blocks import dequantize_all
+    return dequantize_all(xp, packed, a["encoding"], a["shape"])
 
 
 @kernel("DequantGather")
 def _dequant_gather(xp, a, packed, idx):
     """Rows `idx` of a packed [N, K] table, dequantized: only the gathered rows are decoded."""
-    if xp is not np:
-        raise RlxError("DequantGather on CUDA is not implemented yet; run this graph on Device.CPU")
-    from rlx_format.quants import dequantize
-    rows = np.take(packed, idx.astype(np.int64).ravel(), axis=0)
-    return dequantize(rows, a["encoding"]).reshape(*idx.shape, a["K"])
+    if xp is np:
+        from rlx_format.quants import dequantize
+        rows = np.take(packed, idx.astype(np.int64).ravel(), axis=0)
+        return dequantize(rows, a["encoding"]).reshape(*idx.shape, a["K"])
+    from ..cuda.blocks import dequant_gather
+    return dequant_gather(xp, packed, idx, a["encoding"], a["K"])
 
 
 @kernel("DequantMatMul")
@@ -49,4 +46,22 @@ def _dequant_matmul(xp, a, x, packed):
     if xp is np:
         from ..quant_kernels import dequant_matmul
         return dequant_matmul(x, packed, a["encoding"], a["N"], a["K"])
-    raise RlxError("DequantMatMul on CUDA is not implemented yet; run this graph on Device.CPU")
+    return _dequant_matmul_device(xp, a, x, packed)
+
+
+def _dequant_matmul_device(xp, a, x, packed):
+    """Small batches: fused kernel over the packed bytes. Otherwise: row tiles dequantized into one
+    buffer, then cuBLAS. The split (codes view + f32 scales) is made once per weight array."""
+    from ..cuda import blocks, fused
+
+    enc, N, K = a["encoding"], a["N"], a["K"]
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, K)
+    if x2.shape[0] <= fused.FUSED_MAX_ROWS and fused.available(xp):
+        y = fused.gemv(xp, x2, packed, enc, N, K)
+    else:
+        split = a.get("_split")
+        if split is None or split.packed is not packed:
+            split = a["_split"] = blocks.split(xp, packed, enc)
+        y = blocks.tiled_matmul(xp, x2, split, N, K)
+    return y.reshape(*lead, N)
