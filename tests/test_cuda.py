@@ -166,3 +166,46 @@ def test_device_selection_and_errors(device):
 
 def test_fused_path_only_with_custom_kernels(device):
     assert fused.available(device.xp) == (device.kind == "cuda")
+
+
+def test_cli_run_on_device_matches_cpu(device, tmp_path):
+    """The shipped ternary digits model (TQ2_0 DequantMatMul) through `rlx-bake run --device cuda`."""
+    from test_cli import EXAMPLE, invoke
+
+    out = tmp_path / "m.rlx"
+    assert invoke(EXAMPLE, "-o", out).exit_code == 0
+    x = tmp_path / "x.npy"
+    np.save(x, R.standard_normal((4, 64)).astype(np.float32))
+    for dev in ("cpu", "cuda"):
+        r = invoke("run", out, "--input", f"x={x}", "--device", dev, "-o", tmp_path / f"{dev}.npz")
+        assert r.exit_code == 0, r.output
+    with np.load(tmp_path / "cpu.npz") as a, np.load(tmp_path / "cuda.npz") as b:
+        np.testing.assert_allclose(b["probs"], a["probs"], rtol=1e-4, atol=1e-6)
+
+
+def test_cli_bad_device_is_a_clear_error(tmp_path):
+    from test_cli import EXAMPLE, invoke
+
+    r = invoke("run", EXAMPLE / "graph.json", "--device", "tpu")
+    assert r.exit_code in (1, 2) and "unknown device 'tpu'" in r.output and "Traceback" not in r.output
+
+
+def test_gpu_benchmark_script_runs_on_the_stand_in(device, monkeypatch):
+    """benchmarks/gpu.py's measuring code, shrunk, with one call per timing: catches API slips before a GPU."""
+    if device.kind != "fake":
+        pytest.skip("scripts/gpu-check runs the real thing on a GPU")
+    import pathlib
+    import sys
+
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).parent.parent / "benchmarks"))
+    import gpu
+    import hoist
+
+    monkeypatch.setattr(gpu, "N", 64)
+    monkeypatch.setattr(gpu, "K", 256)
+    monkeypatch.setattr(gpu, "BATCHES", (1, 9))
+    monkeypatch.setattr(hoist, "N", 64)
+    monkeypatch.setattr(gpu, "gpu_ms", lambda cupy, fn, n_repeat=30: (fn(), 1.0)[1])
+    rows = gpu.dequant_rows(device.xp) + gpu.hoist_rows(device.xp)
+    assert len(rows) == 5 and all(r["max_rel_err"] < 1e-5 for r in rows[:4])
+    sys.modules.pop("gpu", None)

@@ -93,3 +93,48 @@ def test_nvcc_compiles_for_sm90(tmp_path):
     assert r.returncode == 0, r.stderr
     ptx = (tmp_path / "k.ptx").read_text()
     assert ".entry rlx_q8_0_gemv" in ptx and ".entry rlx_tq2_0_gemv" in ptx
+
+
+def _nvrtc():
+    """libnvrtc from the nvidia-cuda-nvrtc-cu12 wheel (test extra): the compiler cupy.RawModule uses."""
+    try:
+        import nvidia.cuda_nvrtc as pkg
+    except ImportError:
+        pytest.skip("nvidia-cuda-nvrtc-cu12 not installed")
+    import pathlib
+
+    return ctypes.CDLL(str(pathlib.Path(list(pkg.__path__)[0]) / "lib" / "libnvrtc.so.12"))
+
+
+def _nvrtc_compile(source: str, arch: str) -> tuple[int, str, str]:
+    lib = _nvrtc()
+    prog = ctypes.c_void_p()
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"kernels.cu", 0, None, None) == 0
+    opts = [f"--gpu-architecture={arch}".encode(), b"--std=c++14"]  # as fused.py asks RawModule
+    rc = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+    size = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetProgramLog(prog, log)
+    ptx = ""
+    if rc == 0:
+        lib.nvrtcGetPTXSize(prog, ctypes.byref(size))
+        buf = ctypes.create_string_buffer(size.value)
+        lib.nvrtcGetPTX(prog, buf)
+        ptx = buf.value.decode()
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    return rc, log.value.decode(), ptx
+
+
+@pytest.mark.parametrize("arch", ["compute_70", "compute_90"])
+def test_nvrtc_compiles_the_kernels(arch):
+    """No headers, no nvcc: exactly what cupy.RawModule does on the GPU machine, minus the launch."""
+    rc, log, ptx = _nvrtc_compile(fused.source(), arch)
+    assert rc == 0, log
+    assert ".entry rlx_q8_0_gemv" in ptx and ".entry rlx_tq2_0_gemv" in ptx
+
+
+def test_nvrtc_reports_a_broken_kernel():
+    rc, log, _ = _nvrtc_compile(fused.source().replace("rlx_store_rows(acc, y", "rlx_store_rows(acc, yy", 1),
+                                "compute_90")
+    assert rc != 0 and "yy" in log

@@ -86,7 +86,7 @@ def main(ctx, quiet, debug):
     \b
     rlx-bake MODEL -o model.rlx                 bake (MODEL: graph.json, bundle dir or .onnx)
     rlx-bake inspect model.rlx                  graph, I/O, weight table, meta
-    rlx-bake run model.rlx --input x=x.npy      run on CPU
+    rlx-bake run model.rlx --input x=x.npy      run on CPU (--device cuda for a GPU)
     """
     ctx.obj = State(quiet, debug)
 
@@ -337,12 +337,15 @@ def verify(state, path, against, weights, seed, password_env, password_stdin, pa
 @click.option("--input", "inputs", multiple=True, metavar="NAME=FILE.npy", help="An input array (repeatable).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Write outputs to an .npz file.")
 @click.option("--unpack", is_flag=True, help="Dequantize packed weights once at load and run plain matmuls.")
+@click.option("--device", "device", default="cpu", show_default=True, metavar="cpu|cuda|cuda:N",
+              help="Where to run (CUDA needs the cuda extra and a GPU).")
 @password_options
 @click.pass_obj
-def run(state, path, inputs, output, unpack, password_env, password_stdin, password_value):
-    """Run an .rlx file on CPU with inputs from .npy files."""
-    from rlx_runtime import CompileOptions, Session
+def run(state, path, inputs, output, unpack, device, password_env, password_stdin, password_value):
+    """Run an .rlx file with inputs from .npy files."""
+    from rlx_runtime import CompileOptions, Session, to_host
     with handled(state):
+        session = Session(device)  # a bad device or a missing GPU fails before any file is read
         feeds = {}
         for spec in inputs:
             if "=" not in spec:
@@ -355,9 +358,8 @@ def run(state, path, inputs, output, unpack, password_env, password_stdin, passw
             except ValueError as e:
                 raise RlxError(f"--input {name}: {file}: not a .npy array ({e})") from None
         rf = _open(path, password_env, password_stdin, password_value)
-        session = Session()
         compiled = session.compile_with(rf, CompileOptions(unpack_quantized=True)) if unpack else session.compile(rf)
-        out = compiled.run(feeds)
+        out = to_host(compiled.run(feeds))
         for name, arr in out.items():
             click.echo(f"{name}: {arr.dtype}{list(arr.shape)} min {arr.min():.6g} max {arr.max():.6g}"
                        if arr.size and arr.dtype.kind in "fiu" else f"{name}: {arr.dtype}{list(arr.shape)}")
