@@ -209,3 +209,16 @@ def test_gpu_benchmark_script_runs_on_the_stand_in(device, monkeypatch):
     rows = gpu.dequant_rows(device.xp) + gpu.hoist_rows(device.xp)
     assert len(rows) == 5 and all(r["max_rel_err"] < 1e-5 for r in rows[:4])
     sys.modules.pop("gpu", None)
+
+
+def test_pecache_on_device_uploads_once(device):
+    """A miss uploads the factory's host array once; hits return the same device array, no copy."""
+    from rlx_runtime import PECache, PECacheKey
+
+    c = PECache(device=Device.CUDA)
+    v = c.get_or_create(PECacheKey("rope").add(1), lambda: np.ones(8, np.float32))
+    assert isinstance(v, device.xp.ndarray)
+    if device.transfers is not None:
+        device.transfers.reset()
+    assert c.get_or_create(PECacheKey("rope").add(1), lambda: np.zeros(8, np.float32)) is v
+    assert device.transfers is None or device.transfers.h2d == 0

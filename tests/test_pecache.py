@@ -119,14 +119,3 @@ def test_rope_table_built_once_per_sequence_length():
     x = r.standard_normal((5, 9, 8)).astype(np.float32)  # the key is Shape(x) as a whole: batch counts too
     c.run({"x": x})
     assert c.profile()["Sin"][0] == 6
-
-
-@pytest.mark.cuda
-def test_cuda_cache_keeps_device_array():
-    import cupy
-
-    from rlx_runtime import Device
-    c = PECache(device=Device.CUDA)
-    v = c.get_or_create(K().add(1), lambda: np.ones(8, np.float32))
-    assert isinstance(v, cupy.ndarray)
-    assert c.get_or_create(K().add(1), lambda: np.zeros(8, np.float32)) is v

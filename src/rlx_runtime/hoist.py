@@ -135,7 +135,7 @@ class HoistedGraph:
         self.split = split
         self.device = device
         self.device_index = index
-        self._gpu = None if xp is np else device_scope(xp, index)
+        self._gpu = None if xp is np else (xp, index)  # a fresh device context per call: thread-safe
         self.options = options
         self.pass_report = report
         self._xp = xp
@@ -167,7 +167,7 @@ class HoistedGraph:
 
     def set_param(self, name: str, array) -> None:
         if self._gpu is not None:
-            with self._gpu:
+            with device_scope(*self._gpu):
                 return self._set_param(name, array)
         return self._set_param(name, array)
 
@@ -187,7 +187,7 @@ class HoistedGraph:
     def run(self, feeds: dict) -> dict:
         """As CompiledGraph.run; prepare runs first when a boundary is missing or stale."""
         if self._gpu is not None:
-            with self._gpu:
+            with device_scope(*self._gpu):
                 return self._run(feeds)
         return self._run(feeds)
 

@@ -27,7 +27,7 @@ class CompiledGraph:
         self.graph = graph
         self.device = device
         self.device_index = index
-        self._gpu = None if xp is np else device_scope(xp, index)
+        self._gpu = None if xp is np else (xp, index)  # a fresh device context per call: thread-safe
         self.options = options
         self.pass_report = report
         self._plan = Plan(graph, xp)
@@ -53,7 +53,7 @@ class CompiledGraph:
         """Bind a run-time weight. A numpy array is kept by reference on CPU (do not modify it afterwards);
         on CUDA it is uploaded once, here, and a cupy array is kept by reference."""
         if self._gpu is not None:
-            with self._gpu:
+            with device_scope(*self._gpu):
                 self._plan.base[self._plan.param_slot.get(name, -1)] = self._plan.check_param(name, array)
             return
         self._plan.base[self._plan.param_slot.get(name, -1)] = self._plan.check_param(name, array)
@@ -61,7 +61,7 @@ class CompiledGraph:
     def run(self, feeds: dict) -> dict:
         """Inputs by name -> outputs by name (numpy on CPU; cupy arrays on CUDA)."""
         if self._gpu is not None:
-            with self._gpu:
+            with device_scope(*self._gpu):
                 return self._run(feeds)
         return self._run(feeds)
 
