@@ -209,3 +209,30 @@ def test_random_ops_have_the_stated_distributions():
     assert normal.dtype == np.float32 and uniform.dtype == np.float64
     assert abs(normal.mean() - 2.0) < 0.01 and abs(normal.std() - 0.5) < 0.01
     assert uniform.min() >= -1.0 and uniform.max() < 3.0 and abs(uniform.mean() - 1.0) < 0.02
+
+
+def test_importing_rlx_never_imports_cupy():
+    import subprocess
+    import sys
+
+    code = ("import sys, rlx_format, rlx_runtime, rlx_bake, rlx_runtime.cuda.blocks, rlx_runtime.cuda.fused; "
+            "assert 'cupy' not in sys.modules, 'cupy imported'")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("count,match", [(RuntimeError("cudaErrorNoDevice"), "no usable GPU/driver was found"),
+                                         (0, "no GPU is visible")])
+def test_cuda_with_cupy_but_no_gpu_is_a_clear_error(monkeypatch, count, match):
+    import sys
+    import types
+
+    def device_count():
+        if isinstance(count, Exception):
+            raise count
+        return count
+
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=types.SimpleNamespace(getDeviceCount=device_count)))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    with pytest.raises(RlxError, match=match):
+        Session(Device.CUDA)

@@ -57,10 +57,14 @@ def array_module(device: Device, index: int = 0):
     return cupy
 
 
+_NO_SCOPE = contextlib.nullcontext()
+
+
 def device_scope(xp, index: int):
-    """Context that makes GPU `index` current for allocations and launches (nothing on CPU)."""
+    """Context that makes GPU `index` current for allocations and launches (nothing on CPU).
+    A fresh cupy context per call, so concurrent runs from several threads do not share one."""
     if xp is np:
-        return contextlib.nullcontext()
+        return _NO_SCOPE
     return xp.cuda.Device(index)
 
 

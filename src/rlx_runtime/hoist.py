@@ -135,7 +135,6 @@ class HoistedGraph:
         self.split = split
         self.device = device
         self.device_index = index
-        self._gpu = None if xp is np else (xp, index)  # a fresh device context per call: thread-safe
         self.options = options
         self.pass_report = report
         self._xp = xp
@@ -166,10 +165,8 @@ class HoistedGraph:
         return [s.op for p in self._prep.values() for s in p.steps]
 
     def set_param(self, name: str, array) -> None:
-        if self._gpu is not None:
-            with device_scope(*self._gpu):
-                return self._set_param(name, array)
-        return self._set_param(name, array)
+        with device_scope(self._xp, self.device_index):
+            self._set_param(name, array)
 
     def _set_param(self, name: str, array) -> None:
         decl = next((p for p in self.split.params if p.name == name), None)
@@ -186,10 +183,8 @@ class HoistedGraph:
 
     def run(self, feeds: dict) -> dict:
         """As CompiledGraph.run; prepare runs first when a boundary is missing or stale."""
-        if self._gpu is not None:
-            with device_scope(*self._gpu):
-                return self._run(feeds)
-        return self._run(feeds)
+        with device_scope(self._xp, self.device_index):
+            return self._run(feeds)
 
     def _run(self, feeds: dict) -> dict:
         # the unsplit graph's signature, whichever half reads each input

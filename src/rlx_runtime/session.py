@@ -27,7 +27,7 @@ class CompiledGraph:
         self.graph = graph
         self.device = device
         self.device_index = index
-        self._gpu = None if xp is np else (xp, index)  # a fresh device context per call: thread-safe
+        self._xp = xp
         self.options = options
         self.pass_report = report
         self._plan = Plan(graph, xp)
@@ -52,23 +52,15 @@ class CompiledGraph:
     def set_param(self, name: str, array) -> None:
         """Bind a run-time weight. A numpy array is kept by reference on CPU (do not modify it afterwards);
         on CUDA it is uploaded once, here, and a cupy array is kept by reference."""
-        if self._gpu is not None:
-            with device_scope(*self._gpu):
-                self._plan.base[self._plan.param_slot.get(name, -1)] = self._plan.check_param(name, array)
-            return
-        self._plan.base[self._plan.param_slot.get(name, -1)] = self._plan.check_param(name, array)
+        with device_scope(self._xp, self.device_index):
+            self._plan.base[self._plan.param_slot.get(name, -1)] = self._plan.check_param(name, array)
 
     def run(self, feeds: dict) -> dict:
         """Inputs by name -> outputs by name (numpy on CPU; cupy arrays on CUDA)."""
-        if self._gpu is not None:
-            with device_scope(*self._gpu):
-                return self._run(feeds)
-        return self._run(feeds)
-
-    def _run(self, feeds: dict) -> dict:
         plan = self._plan
-        vals = plan.bind_inputs(feeds)
-        with np.errstate(all="ignore"):  # IEEE results (NaN/Inf) are the semantics, not warnings
+        # IEEE results (NaN/Inf) are the semantics, not warnings
+        with device_scope(self._xp, self.device_index), np.errstate(all="ignore"):
+            vals = plan.bind_inputs(feeds)
             if self._profile is None:
                 return plan.outputs(vals, plan.run_fast(vals))
             return plan.outputs(plan.execute(vals, self._profile))
