@@ -73,23 +73,26 @@ __device__ __forceinline__ void rlx_store_rows(float* acc, float* __restrict__ y
 }
 
 // blockDim.x = 32 * rows per block; grid covers N rows. The early return is warp-uniform.
-extern "C" __global__ void rlx_q8_0_gemv(const unsigned char* __restrict__ w, const float* __restrict__ x,
+template <bool TQ2>
+__device__ __forceinline__ void rlx_gemv(const unsigned char* __restrict__ w, const float* __restrict__ x,
                                          float* __restrict__ y, int N, int K, int M) {
     const int lane = threadIdx.x & 31;
     const int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (n >= N) return;
     float acc[RLX_MAX_M] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    rlx_q8_0_lane(w, x, n, K, M, lane, acc);
+    if (TQ2) {
+        rlx_tq2_0_lane(w, x, n, K, M, lane, acc);
+    } else {
+        rlx_q8_0_lane(w, x, n, K, M, lane, acc);
+    }
     rlx_store_rows(acc, y, n, N, M, lane);
 }
 
-extern "C" __global__ void rlx_tq2_0_gemv(const unsigned char* __restrict__ w, const float* __restrict__ x,
-                                          float* __restrict__ y, int N, int K, int M) {
-    const int lane = threadIdx.x & 31;
-    const int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (n >= N) return;
-    float acc[RLX_MAX_M] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    rlx_tq2_0_lane(w, x, n, K, M, lane, acc);
-    rlx_store_rows(acc, y, n, N, M, lane);
+extern "C" __global__ void rlx_q8_0_gemv(const unsigned char* w, const float* x, float* y, int N, int K, int M) {
+    rlx_gemv<false>(w, x, y, N, K, M);
+}
+
+extern "C" __global__ void rlx_tq2_0_gemv(const unsigned char* w, const float* x, float* y, int N, int K, int M) {
+    rlx_gemv<true>(w, x, y, N, K, M);
 }
 #endif
