@@ -4,8 +4,9 @@
 where real cupy is strict, so host-only code fails here as it would on a GPU:
 - arrays are `FakeArray`s (not numpy arrays); implicit conversion to numpy raises TypeError
   (`np.asarray(device_array)`), so do numba kernels and mixing numpy arrays into device ops;
-- only the names cupy 14 really has are there (tests/data/cupy_api.json, written from an installed
-  cupy by scripts/cupy_api_snapshot.py), for the module, ndarray and cupyx.scipy.special;
+- only the names cupy 14 really has are there (module, ndarray, cupyx.scipy.special), functions
+  refuse keywords cupy's do not take, and ufunc.at is refused (cupy has it for a few ufuncs only):
+  tests/data/cupy_api.json, written from an installed cupy by scripts/cupy_api_snapshot.py;
 - reductions and indexing give 0-d arrays, not Python/numpy scalars;
 - host<->device traffic is counted (`transfers`), so tests can prove weights and hoisted tensors
   are uploaded once and never per forward.
@@ -28,6 +29,8 @@ _API = json.loads((pathlib.Path(__file__).parent / "data" / "cupy_api.json").rea
 MODULE_NAMES = frozenset(_API["module"])
 NDARRAY_NAMES = frozenset(_API["ndarray"])
 SPECIAL_NAMES = frozenset(_API["special"])
+SIGNATURES = _API["signatures"]          # keyword parameters of cupy's Python-level functions
+UFUNC_KWARGS = frozenset({"out", "dtype", "casting"})  # all that cupy.ufunc.__call__ accepts
 
 
 class Transfers:
@@ -44,6 +47,14 @@ class Transfers:
 
 
 transfers = Transfers()
+
+
+def _check_kwargs(name: str, kwargs: dict) -> None:
+    sig = SIGNATURES.get(name)
+    if sig is not None and not sig["varkw"]:
+        bad = sorted(set(kwargs) - set(sig["params"]))
+        if bad:
+            raise TypeError(f"cupy.{name}() got unexpected keyword argument(s) {bad}; cupy takes {sig['params']}")
 
 
 def _reject_host(obj):
@@ -123,6 +134,8 @@ class FakeArray:
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         if ufunc.__name__ not in MODULE_NAMES:
             raise TypeError(f"cupy has no ufunc {ufunc.__name__!r} (a host-only function was given a device array)")
+        if method == "__call__" and set(kwargs) - UFUNC_KWARGS:
+            raise TypeError(f"cupy ufuncs take only {sorted(UFUNC_KWARGS)}; got {sorted(kwargs)}")
         if "out" in kwargs:
             kwargs["out"] = tuple(_unwrap(o) for o in kwargs["out"])
         return _wrap(getattr(ufunc, method)(*_unwrap(inputs), **kwargs))
@@ -130,6 +143,7 @@ class FakeArray:
     def __array_function__(self, func, types_, args, kwargs):
         if func.__name__ not in MODULE_NAMES:
             raise TypeError(f"cupy has no function {func.__name__!r}")
+        _check_kwargs(func.__name__, kwargs)
         return _wrap(func(*_unwrap(args), **_unwrap(kwargs)))
 
     def __getattr__(self, name):
@@ -191,17 +205,22 @@ class _Ufunc:
         self._uf = uf
 
     def __call__(self, *args, **kwargs):
+        if set(kwargs) - UFUNC_KWARGS:
+            raise TypeError(f"cupy ufuncs take only {sorted(UFUNC_KWARGS)}; got {sorted(kwargs)}")
         if "out" in kwargs and not isinstance(kwargs["out"], tuple):
             kwargs["out"] = (kwargs["out"],)
         return _wrap(self._uf(*_unwrap(args), **_unwrap(kwargs)))
 
     def __getattr__(self, method):
+        if method == "at":  # only some cupy ufuncs have .at (no multiply); rlx uses cupyx.scatter_*
+            raise AttributeError("the CPU stand-in refuses ufunc.at: use cupyx.scatter_add/max/min")
         fn = getattr(self._uf, method)
         return lambda *a, **k: _wrap(fn(*_unwrap(a), **_unwrap(k)))
 
 
 def _function(fn):
     def call(*args, **kwargs):
+        _check_kwargs(fn.__name__, kwargs)
         return _wrap(fn(*_unwrap(args), **_unwrap(kwargs)))
     call.__name__ = fn.__name__
     return call
@@ -271,12 +290,20 @@ class _Special(types.ModuleType):
         return _Ufunc(fn) if isinstance(fn, np.ufunc) else _function(fn)
 
 
+def _scatter(uf):
+    def scatter(a, slices, value):
+        uf.at(a._a, _unwrap(slices), _unwrap(value))
+    return scatter
+
+
 @contextlib.contextmanager
 def installed():
     """Make `import cupy` (and cupyx.scipy.special) give the stand-in inside the block."""
     mods = {"cupy": _Module("cupy"), "cupyx": types.ModuleType("cupyx"), "cupyx.scipy": types.ModuleType("cupyx.scipy"),
             "cupyx.scipy.special": _Special("cupyx.scipy.special")}
     mods["cupyx"].scipy = mods["cupyx.scipy"]
+    for name, uf in (("add", np.add), ("max", np.maximum), ("min", np.minimum)):
+        setattr(mods["cupyx"], f"scatter_{name}", _scatter(uf))
     mods["cupyx.scipy"].special = mods["cupyx.scipy.special"]
     saved = {k: sys.modules.get(k) for k in mods}
     sys.modules.update(mods)

@@ -29,6 +29,20 @@ def _gather_elements(xp, a, x, idx):
 _SCATTER_UFUNC = {"add": "add", "mul": "multiply", "max": "maximum", "min": "minimum"}
 
 
+def _scatter_reduce(xp, reduction: str, out, index: tuple, vals) -> None:
+    """out[index] (op)= vals in place, repeated indices accumulating (numpy's ufunc.at semantics)."""
+    if xp is np:
+        getattr(np, _SCATTER_UFUNC[reduction]).at(out, index, vals)
+    elif reduction != "mul":
+        import cupyx  # cupy's ufunc.at exists only for some ufuncs; these are the supported spellings
+
+        getattr(cupyx, f"scatter_{reduction}")(out, index, vals)
+    else:  # cupy has no scatter-multiply: this rare case goes through the host
+        host = out.get()
+        np.multiply.at(host, tuple(i.get() if hasattr(i, "get") else i for i in index), vals.get())
+        out[...] = xp.asarray(host)
+
+
 @kernel("ScatterND")
 def _scatter_nd(xp, a, x, idx, upd):
     out = x.copy()
@@ -40,7 +54,7 @@ def _scatter_nd(xp, a, x, idx, upd):
     if a["reduction"] == "none":
         out[target] = vals  # duplicate indices: the last update wins (ONNX leaves the order undefined)
     else:
-        getattr(xp, _SCATTER_UFUNC[a["reduction"]]).at(out, target, vals)
+        _scatter_reduce(xp, a["reduction"], out, target, vals)
     return out
 
 
@@ -50,12 +64,13 @@ def _scatter_elements(xp, a, x, idx, upd):
     ax = a["axis"] % x.ndim
     i = idx.astype(np.int64)
     i = xp.where(i < 0, i + x.shape[ax], i)
-    grid = list(xp.indices(idx.shape, sparse=True))
+    # open grid of positions (cupy's indices() has no sparse=True): dim d varies along axis d only
+    grid = [xp.arange(n).reshape([n if d == e else 1 for e in range(idx.ndim)]) for d, n in enumerate(idx.shape)]
     grid[ax] = i
     if a["reduction"] == "none":
         out[tuple(grid)] = upd
     else:
-        getattr(xp, _SCATTER_UFUNC[a["reduction"]]).at(out, tuple(grid), upd)
+        _scatter_reduce(xp, a["reduction"], out, tuple(grid), upd)
     return out
 
 
