@@ -155,7 +155,11 @@ def test_hoisted_boundaries_stay_on_device(device):
 
 
 def test_device_selection_and_errors(device):
-    assert Session("cuda:0").index == 0
+    assert Session("cuda:0").index == 0 and Session(Device.CUDA, index=0).index == 0
+    with pytest.raises(RlxError, match="CUDA only"):
+        Session(Device.CPU, index=1)
+    with pytest.raises(RlxError, match="expected Device.CPU"):
+        Session(3)
     with pytest.raises(RlxError, match="GPU index 7 requested"):
         Session("cuda:7")
     with pytest.raises(RlxError, match="cuda:N"):

@@ -88,6 +88,8 @@ class Session:
         if not isinstance(device, Device):
             raise RlxError(f"Session(device): expected Device.CPU, Device.CUDA or a string like 'cuda:0'; "
                            f"got {type(device).__name__}")
+        if device is Device.CPU and index:
+            raise RlxError(f"Session: a device index ({index}) applies to CUDA only; use Session(Device.CPU)")
         self.device = device
         self.index = index or 0
         self.xp = array_module(self.device, self.index)
