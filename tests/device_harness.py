@@ -36,6 +36,9 @@ class DeviceCompiled:
         out = self._inner.run(feeds)
         for k, v in out.items():
             assert isinstance(v, self._backend.xp.ndarray), f"output {k!r} is {type(v).__name__}, not on the device"
+        # on the device too, outputs are distinct buffers and never the caller's inputs
+        assert len({id(v) for v in out.values()}) == len(out), "two outputs share one device array"
+        assert not {id(v) for v in out.values()} & {id(v) for v in feeds.values()}, "an output is an input"
         return {k: self._backend.to_host(v) for k, v in out.items()}
 
 

@@ -10,9 +10,21 @@ import numpy as np
 import pytest
 import test_hoist
 import test_ops_oracle
+import test_runtime
 from device_harness import backend
 from test_hoist import *  # noqa: F403 - re-run on the device
 from test_ops_oracle import *  # noqa: F403 - re-run on the device
+from test_runtime import (  # noqa: F401 - re-run on the device (not the CPU-only ones: threads in a subprocess,
+    test_binary_broadcasting_matches_numpy,  # freed-buffer accounting, Gather's range error, cupy absent)
+    test_in_place_never_writes_a_buffer_that_a_view_still_shows,
+    test_input_validation,
+    test_outputs_never_alias_inputs_or_each_other,
+    test_profile_counts_calls,
+    test_random_ops_draw_fresh_values_each_run,
+    test_reductions_match_numpy,
+    test_run_and_set_param,
+    test_unset_and_unknown_params,
+)
 
 
 @pytest.fixture(scope="module", autouse=True, params=["fake", pytest.param("cuda", marks=pytest.mark.cuda)])
@@ -20,6 +32,8 @@ def device(request):
     with backend(request.param) as b, pytest.MonkeyPatch.context() as mp:
         mp.setattr(test_ops_oracle, "run_op", b.run_op)
         mp.setattr(test_hoist, "Session", b.Session)
+        mp.setattr(test_runtime, "Session", b.Session)
+        mp.setattr(test_runtime, "run_op", b.run_op)
         yield b
 
 
