@@ -31,6 +31,7 @@ __device__ __forceinline__ void rlx_q8_0_lane(const unsigned char* __restrict__ 
                                               int n, int K, int M, int lane, float* acc) {
     const int nb = K >> 5;
     const unsigned char* row = w + (size_t)n * (size_t)nb * 34u;
+#pragma unroll 4  // independent block loads in flight per warp: the loop is latency-bound otherwise
     for (int b = 0; b < nb; ++b) {
         const unsigned char* blk = row + (size_t)b * 34u;
         const float d = rlx_half_to_float((unsigned int)blk[0] | ((unsigned int)blk[1] << 8));
@@ -47,6 +48,7 @@ __device__ __forceinline__ void rlx_tq2_0_lane(const unsigned char* __restrict__
                                                int n, int K, int M, int lane, float* acc) {
     const int nb = K >> 8;
     const unsigned char* row = w + (size_t)n * (size_t)nb * 66u;
+#pragma unroll 2
     for (int b = 0; b < nb; ++b) {
         const unsigned char* blk = row + (size_t)b * 66u;
         const float d = rlx_half_to_float((unsigned int)blk[64] | ((unsigned int)blk[65] << 8));
