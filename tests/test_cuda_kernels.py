@@ -141,3 +141,13 @@ def test_nvrtc_reports_a_broken_kernel():
     rc, log, _ = _nvrtc_compile(fused.source().replace("rlx_store_rows(acc, y", "rlx_store_rows(acc, yy", 1),
                                 "compute_90")
     assert rc != 0 and "yy" in log
+
+
+@pytest.mark.parametrize("script", ["gpu-check", "gpu-wheels"])
+def test_gpu_scripts_parse(script):
+    import pathlib
+
+    path = pathlib.Path(__file__).parent.parent / "scripts" / script
+    r = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert path.stat().st_mode & 0o111, f"{script} is not executable"
