@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+from typing import Any
 
 import numpy as np
 
@@ -36,7 +37,7 @@ def parse_device(text: str) -> tuple[Device, int]:
     return device, int(index)
 
 
-def array_module(device: Device, index: int = 0):
+def array_module(device: Device, index: int = 0) -> Any:
     """numpy for CPU; cupy for CUDA after checking that it imports and that GPU `index` exists."""
     if device is Device.CPU:
         return np
@@ -60,7 +61,7 @@ def array_module(device: Device, index: int = 0):
 _NO_SCOPE = contextlib.nullcontext()
 
 
-def device_scope(xp, index: int):
+def device_scope(xp: Any, index: int) -> contextlib.AbstractContextManager:
     """Context that makes GPU `index` current for allocations and launches (nothing on CPU).
     A fresh cupy context per call, so concurrent runs from several threads do not share one."""
     if xp is np:
@@ -68,7 +69,7 @@ def device_scope(xp, index: int):
     return xp.cuda.Device(index)
 
 
-def to_host(value):
+def to_host(value: Any) -> Any:
     """A device array (or dict/list of them) as numpy; numpy arrays pass through."""
     if isinstance(value, dict):
         return {k: to_host(v) for k, v in value.items()}
