@@ -79,6 +79,9 @@ def test_dequant_matmul_matches_numpy(device, monkeypatch, enc, lead):
         monkeypatch.setattr(blocks, "TILE_BYTES", tile_rows * 4 * k)
         got = device.Session().compile(_dqmm_graph(p, enc, n, k, lead)).run({"x": x})["y"]
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+    unpacked = device.Session().compile_with(_dqmm_graph(p, enc, n, k, lead), CompileOptions(unpack_quantized=True))
+    assert "DequantMatMul" not in unpacked.plan_ops()  # dequantized once at compile, then uploaded
+    np.testing.assert_allclose(unpacked.run({"x": x})["y"], ref, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("enc", ["gguf_q8_0", "gguf_tq2_0"])
