@@ -114,24 +114,50 @@ def _packed(p: np.ndarray, nbytes: int, name: str) -> np.ndarray:
     return np.ascontiguousarray(p)
 
 
+def block_fields(xp, rows, encoding: str) -> tuple:
+    """Packed rows [R, nb * BYTES] -> (codes, scales) without copying the codes: a strided view of int8
+    [R, nb, 32] (Q8_0) or uint8 [R, nb, 64] (TQ2_0), and the fp16 block scales as f32 [R, nb, 1].
+
+    Array-module generic (`xp` = numpy or cupy): the one decoder of the block layouts, used here and by
+    the CUDA runtime (rlx_runtime/cuda/blocks.py)."""
+    nbytes = ENCODINGS[encoding][1]
+    b = rows.reshape(rows.shape[0], rows.shape[1] // nbytes, nbytes)
+    if encoding == "gguf_q8_0":
+        codes, scale_bytes = b[:, :, 2:Q8_0_BYTES].view(xp.int8), b[:, :, :2]
+    else:
+        codes, scale_bytes = b[:, :, :64], b[:, :, 64:TQ2_0_BYTES]
+    return codes, xp.ascontiguousarray(scale_bytes).view(xp.float16).astype(xp.float32)
+
+
+def dequantize_fields(xp, codes, scales, encoding: str, out):
+    """Decode block_fields' (codes, scales) for R rows into `out` (f32 [R, nb * BLOCK], contiguous): d * q."""
+    rows, nb = codes.shape[:2]
+    if encoding == "gguf_q8_0":
+        xp.multiply(codes, scales, out=out.reshape(rows, nb, Q8_0_BLOCK))
+        return out
+    # TQ2_0: value j*128 + l*32 + m is bits 2l..2l+1 of byte j*32 + m, stored as q + 1
+    shifts = xp.arange(0, 8, 2, dtype=xp.uint8).reshape(1, 1, 1, 4, 1)
+    q = (codes.reshape(rows, nb, 2, 1, 32) >> shifts) & 3
+    xp.multiply(xp.subtract(q, 1, dtype=xp.float32), scales.reshape(rows, nb, 1, 1, 1),
+                out=out.reshape(rows, nb, 2, 4, 32))
+    return out
+
+
+def _dequantize(p: np.ndarray, encoding: str, name: str) -> np.ndarray:
+    block, nbytes = ENCODINGS[encoding]
+    p = _packed(p, nbytes, name)
+    rows = p.reshape(-1, p.shape[-1])
+    codes, scales = block_fields(np, rows, encoding)
+    out = np.empty((rows.shape[0], rows.shape[1] // nbytes * block), np.float32)
+    return dequantize_fields(np, codes, scales, encoding, out).reshape(*p.shape[:-1], out.shape[1])
+
+
 def dequantize_q8_0(p: np.ndarray) -> np.ndarray:
-    p = _packed(p, Q8_0_BYTES, "dequantize_q8_0")
-    b = p.reshape(-1, Q8_0_BYTES)
-    d = b[:, :2].copy().view(np.float16).astype(np.float32)
-    q = b[:, 2:].view(np.int8).astype(np.float32)
-    return (q * d).reshape(*p.shape[:-1], p.shape[-1] // Q8_0_BYTES * Q8_0_BLOCK)
-
-
-_SHIFTS = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)
+    return _dequantize(p, "gguf_q8_0", "dequantize_q8_0")
 
 
 def dequantize_tq2_0(p: np.ndarray) -> np.ndarray:
-    p = _packed(p, TQ2_0_BYTES, "dequantize_tq2_0")
-    b = p.reshape(-1, TQ2_0_BYTES)
-    d = b[:, 64:].copy().view(np.float16).astype(np.float32)
-    codes = (b[:, :64].reshape(-1, 2, 1, 32) >> _SHIFTS) & 3
-    q = codes.reshape(-1, 256).astype(np.float32) - _F1
-    return (q * d).reshape(*p.shape[:-1], p.shape[-1] // TQ2_0_BYTES * TQ2_0_BLOCK)
+    return _dequantize(p, "gguf_tq2_0", "dequantize_tq2_0")
 
 
 def is_lossless_ternary(w: np.ndarray) -> bool:

@@ -33,11 +33,7 @@ def _dequantize(xp, a, packed):
 @kernel("DequantGather")
 def _dequant_gather(xp, a, packed, idx):
     """Rows `idx` of a packed [N, K] table, dequantized: only the gathered rows are decoded."""
-    if xp is np:
-        from rlx_format.quants import dequantize
-        rows = np.take(packed, idx.astype(np.int64).ravel(), axis=0)
-        return dequantize(rows, a["encoding"]).reshape(*idx.shape, a["K"])
-    from ..cuda.blocks import dequant_gather
+    from ..cuda.blocks import dequant_gather  # array-module generic: the same code on CPU and GPU
     return dequant_gather(xp, packed, idx, a["encoding"], a["K"])
 
 
