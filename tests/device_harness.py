@@ -20,6 +20,7 @@ from conftest import run_op as cpu_run_op
 import fake_cupy
 from rlx_runtime import Device
 from rlx_runtime import Session as RealSession
+from rlx_runtime import to_host
 
 
 class DeviceCompiled:
@@ -39,7 +40,7 @@ class DeviceCompiled:
         # on the device too, outputs are distinct buffers and never the caller's inputs
         assert len({id(v) for v in out.values()}) == len(out), "two outputs share one device array"
         assert not {id(v) for v in out.values()} & {id(v) for v in feeds.values()}, "an output is an input"
-        return {k: self._backend.to_host(v) for k, v in out.items()}
+        return to_host(out)
 
 
 class Backend:
@@ -51,9 +52,6 @@ class Backend:
     @property
     def transfers(self):
         return fake_cupy.transfers if self.kind == "fake" else None
-
-    def to_host(self, a):
-        return a.get() if isinstance(a, self.xp.ndarray) else a
 
     def Session(self, device=None):  # noqa: N802 - stands in for the class
         backend = self
