@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all lint bench fuzz clean
+.PHONY: demo test test-all lint bench fuzz clean machine-info
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -21,6 +21,9 @@ test: $(STAMP)
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+machine-info: $(STAMP)
+	@$(BIN)/python -m rlx_runtime.machine
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples scripts

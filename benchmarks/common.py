@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import platform
 import resource
 import time
 from collections.abc import Callable
@@ -61,9 +59,9 @@ def peak_rss_mb() -> float:
 
 
 def env_note() -> str:
-    blas = os.environ.get("OPENBLAS_CORETYPE")
-    return (f"machine: {platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}; "
-            f"OPENBLAS_CORETYPE={'unset' if blas is None else blas} (not changed by the benchmarks)")
+    from rlx_runtime.machine import describe
+
+    return f"{describe()} (the benchmarks change neither)"
 
 
 def print_rows(rows: list[Row]) -> None:

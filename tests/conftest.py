@@ -14,6 +14,12 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 
 
+def pytest_report_header(config):
+    from rlx_runtime.machine import describe
+
+    return describe()  # which CPU, SIMD paths and BLAS kernel the run used, to trace machine-dependent failures
+
+
 def _has_gpu() -> bool:
     try:
         import cupy

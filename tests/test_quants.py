@@ -22,7 +22,9 @@ def _cases(block):
     below = np.float32(0.5) - np.float32(2.0 ** -25)  # just below .5: floor(x + 0.5) gets this wrong
     yield "just_below_half", (np.tile(np.r_[np.float32(1.0), np.full(block - 1, below, np.float32)], (2, 1))
                               * np.float32(2439.357421875)).astype(np.float32)
-    yield "subnormal", (R.standard_normal((2, block)) * 1e-40).astype(np.float32)
+    # blocks with a subnormal scale (the reference's bytes depend on the CPU there) are checked by
+    # dequantized value and by rlx's rule in test_defined_results.py
+    yield "small_normal_scale", (R.standard_normal((2, block)) * 1e-30).astype(np.float32)
     yield "fp16_max", (R.standard_normal((2, block)) * 65504).clip(-65504, 65504).astype(np.float32)
     yield "one_row", R.standard_normal((block,)).astype(np.float32)
     yield "many_rows", R.standard_normal((300, block)).astype(np.float32)

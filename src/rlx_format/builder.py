@@ -67,8 +67,9 @@ class GraphBuilder:
                 arr = arr.astype(np.int64)
             dtype = dtype_of_array(arr)
         else:
-            from .dtypes import NUMPY_DTYPES
-            arr = arr.astype(NUMPY_DTYPES[dtype])
+            from .dtypes import NUMPY_DTYPES, float_to_int
+            target = NUMPY_DTYPES[dtype]
+            arr = float_to_int(np, arr, target) if arr.dtype.kind == "f" and target.kind in "iu" else arr.astype(target)
         name = self._claim(name, "const")
         self._consts.append(Value(name, dtype, tuple(arr.shape), arr.copy(order="C")))
         return name

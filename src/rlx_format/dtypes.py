@@ -6,6 +6,8 @@ widened to float32 when a tensor is used for compute.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .errors import GraphError, RlxError
@@ -69,3 +71,20 @@ def bf16_words(xp, x):
 def f32_to_bf16(x: np.ndarray) -> np.ndarray:
     """Round-to-nearest-even f32 -> bf16 bit patterns (NaN stays NaN)."""
     return (bf16_words(np, x) >> 16).astype(np.uint16).reshape(np.shape(x))
+
+
+def float_to_int(xp, x, dtype):
+    """Float -> integer cast defined for every input (spec/ops.md, "Defined results"): truncation toward
+    zero; NaN -> 0; values past the type's range, ±Inf included, saturate to its min / max.
+
+    A plain astype leaves those inputs to the CPU (undefined behaviour in C; numpy's AVX2 and AVX-512
+    loops give different integers). Array-module generic (`xp` = numpy or cupy)."""
+    dt = np.dtype(dtype)
+    info = np.iinfo(dt)
+    fmax = float(np.finfo(x.dtype).max)
+    top = 2.0 ** (info.bits - (1 if info.min else 0))  # first value past the range: a power of two, exact
+    hi = x >= (top if top <= fmax else math.inf)  # the float type may not reach it: then only +Inf is past
+    lo = x < float(info.min) if -float(info.min) <= fmax else x == -math.inf
+    bad = hi | lo | (x != x)
+    safe = xp.where(bad, x.dtype.type(0), x).astype(dt)
+    return xp.where(hi, dt.type(info.max), xp.where(lo, dt.type(info.min), safe))

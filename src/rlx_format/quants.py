@@ -6,14 +6,20 @@ Layouts (spec/ops.md, "Quantized encodings"):
   j*128 + l*32 + m in byte j*32 + m at bit 2*l, then fp16 scale d = amax.
 Rounding is half away from zero, computed in float32, as the reference does.
 The hot loops are numba kernels (one pass per block instead of ~10 numpy passes).
+
+Every intermediate is defined, so the bytes are the same on every CPU (spec/ops.md, "Defined results"):
+when the reciprocal scale 1/d overflows to inf (d below ~2^-128, a subnormal float32), the reference
+would cast inf or NaN to an integer, which C and numpy leave to the CPU; here every code of such a
+block is 0 (its fp16 scale is 0, so any code dequantizes to 0 and 0 is the exact value's nearest).
+Rounded codes are clamped to the code range as a second guard (never reached for finite input).
 """
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
 from .errors import QuantError
+from .numba_setup import numba
 
 Q8_0_BLOCK, Q8_0_BYTES = 32, 34
 TQ2_0_BLOCK, TQ2_0_BYTES = 256, 66
@@ -22,6 +28,7 @@ ENCODINGS = {"gguf_q8_0": (Q8_0_BLOCK, Q8_0_BYTES), "gguf_tq2_0": (TQ2_0_BLOCK, 
 _F0 = np.float32(0.0)
 _F1 = np.float32(1.0)
 _F127 = np.float32(127.0)
+_FM128 = np.float32(-128.0)
 _HALF = np.float32(0.5)
 
 
@@ -45,9 +52,11 @@ def _q8_0_blocks(x, d_out, q_out):  # x: (nb, 32) f32
                 amax = v
         d = amax / _F127
         inv = _F1 / d if d != _F0 else _F0
+        if inv == np.inf:  # subnormal d: the reference's inf/NaN -> int8 cast is CPU-dependent
+            inv = _F0
         d_out[b] = d
         for i in range(32):
-            q_out[b, i] = np.int8(_roundf(x[b, i] * inv))
+            q_out[b, i] = np.int8(min(max(_roundf(x[b, i] * inv), _FM128), _F127))
 
 
 @numba.njit(cache=True, nogil=True)
@@ -59,12 +68,14 @@ def _tq2_0_blocks(x, d_out, codes_out):  # x: (nb, 256) f32, codes_out: (nb, 64)
             if v > amax:
                 amax = v
         inv = _F1 / amax if amax != _F0 else _F0
+        if inv == np.inf:  # as in Q8_0: codes of a block whose 1/amax overflows are 0 (stored as 1)
+            inv = _F0
         d_out[b] = amax
         for j in range(2):
             for m in range(32):
                 byte = 0
                 for l in range(4):
-                    q = np.int32(_roundf(x[b, j * 128 + l * 32 + m] * inv)) + 1
+                    q = np.int32(min(max(_roundf(x[b, j * 128 + l * 32 + m] * inv), -_F1), _F1)) + 1
                     byte |= (q & 3) << (2 * l)
                 codes_out[b, j * 32 + m] = byte
 
@@ -91,7 +102,8 @@ def quantize_q8_0(x: np.ndarray) -> np.ndarray:
     d = np.empty(blocks.shape[0], np.float32)
     out = np.empty((blocks.shape[0], Q8_0_BYTES), np.uint8)
     _q8_0_blocks(blocks, d, out[:, 2:].view(np.int8))  # quants written straight into the block bytes
-    out[:, :2] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    with np.errstate(over="ignore"):  # amax / 127 > 65504 stores an infinite scale, as the reference does
+        out[:, :2] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
     return out.reshape(*x.shape[:-1], x.shape[-1] // Q8_0_BLOCK * Q8_0_BYTES)
 
 
@@ -102,7 +114,8 @@ def quantize_tq2_0(x: np.ndarray) -> np.ndarray:
     d = np.empty(blocks.shape[0], np.float32)
     out = np.empty((blocks.shape[0], TQ2_0_BYTES), np.uint8)
     _tq2_0_blocks(blocks, d, out[:, :64])  # codes written straight into the block bytes
-    out[:, 64:] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    with np.errstate(over="ignore"):
+        out[:, 64:] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
     return out.reshape(*x.shape[:-1], x.shape[-1] // TQ2_0_BLOCK * TQ2_0_BYTES)
 
 
@@ -149,7 +162,8 @@ def _dequantize(p: np.ndarray, encoding: str, name: str) -> np.ndarray:
     rows = p.reshape(-1, p.shape[-1])
     codes, scales = block_fields(np, rows, encoding)
     out = np.empty((rows.shape[0], rows.shape[1] // nbytes * block), np.float32)
-    return dequantize_fields(np, codes, scales, encoding, out).reshape(*p.shape[:-1], out.shape[1])
+    with np.errstate(invalid="ignore"):  # an infinite scale times code 0 is NaN (IEEE, as in the reference)
+        return dequantize_fields(np, codes, scales, encoding, out).reshape(*p.shape[:-1], out.shape[1])
 
 
 def dequantize_q8_0(p: np.ndarray) -> np.ndarray:

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import threading
 
-import numba
 import numpy as np
-from numba import prange
 
+from rlx_format.numba_setup import numba
 from rlx_format.quants import ENCODINGS, dequantize
+
+prange = numba.prange
 
 # OpenMP worker threads spin after a parallel region and then fight OpenBLAS's threads for the
 # same cores (measured: a 4096x4096 tiled matmul went from 20 ms to 130-560 ms). The workqueue
@@ -52,12 +53,17 @@ def _half(lo, hi):
     return -v if h & 0x8000 else v
 
 
+# Reassociation (and multiply-add contraction) is all the fused dot kernels need to vectorize; numba's
+# fastmath=True would also promise LLVM that no NaN or Inf ever occurs, which makes the result for an
+# input holding NaN/Inf undefined (it differs between CPUs). These flags keep IEEE NaN/Inf semantics.
+_DOT_MATH = {"reassoc", "contract"}
+
 # The fused kernels keep 32 independent accumulator lanes per input row (acc[m, i]) instead of a
 # scalar reduction per block: LLVM turns the lane loop into plain SIMD multiply-adds (measured 2x
 # faster than a per-block dot on AVX-512), and lanes are summed once per output.
 
 
-@numba.njit(cache=True, parallel=True, fastmath=True)
+@numba.njit(cache=True, parallel=True, fastmath=_DOT_MATH)
 def _q8_0_fused(x, pk, pk8, out):  # x (M,K) f32; pk (N,RB) u8; pk8 same bytes as int8
     M, K = x.shape
     nb = K // 32
@@ -75,7 +81,7 @@ def _q8_0_fused(x, pk, pk8, out):  # x (M,K) f32; pk (N,RB) u8; pk8 same bytes a
             out[m, n] = acc[m].sum()
 
 
-@numba.njit(cache=True, parallel=True, fastmath=True)
+@numba.njit(cache=True, parallel=True, fastmath=_DOT_MATH)
 def _tq2_0_fused(x, pk, out):
     M, K = x.shape
     nb = K // 256

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import math
 
-import numba
 import numpy as np
+
+from rlx_format.numba_setup import numba
 
 from .quant_kernels import parallel_call  # also selects numba's threading layer before any parallel ufunc runs
 
@@ -52,7 +53,7 @@ def _erf64(v, polys, taylor):  # pragma: no cover - compiled
     for j in range(_TAYLOR_TERMS - 2, -1, -1):
         s = s * x2 + taylor[j]
     small = v * s
-    ac = min(a, _HI)
+    ac = a if a < _HI else _HI  # NaN -> _HI: the float->int index below never sees NaN (undefined in LLVM)
     k = min(max(int((ac - _LO) * (1.0 / _WIDTH)), 0), _INTERVALS - 1)
     t = (ac - (_LO + (k + 0.5) * _WIDTH)) * (2.0 / _WIDTH)
     p = polys[k, _DEG]

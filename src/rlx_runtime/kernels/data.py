@@ -100,10 +100,24 @@ def _shape(xp, a, x):
     return xp.asarray(x.shape, dtype=np.int64)
 
 
+def range_length(start, limit, delta) -> int:
+    """ONNX Range's element count max(ceil((limit - start) / delta), 0), exact for integers (no float
+    rounding past 2^53) and refused, not cast, where it is undefined (NaN/Inf operands, delta 0)."""
+    if isinstance(start, int) and isinstance(limit, int) and isinstance(delta, int):
+        if delta == 0:
+            raise ValueError("Range delta is 0; expected a non-zero step")
+        return max(-((start - limit) // delta), 0)
+    n = (limit - start) / delta if delta and all(map(math.isfinite, (start, limit, delta))) else math.nan
+    if not math.isfinite(n):
+        raise ValueError(f"Range(start={start}, limit={limit}, delta={delta}) has no finite length; expected "
+                         "finite operands and a non-zero delta")
+    return max(math.ceil(n), 0)
+
+
 @kernel("Range")
 def _range(xp, a, start, limit, delta):
     s, l, d = (v.item() for v in (start, limit, delta))
-    n = max(int(math.ceil((l - s) / d)), 0)
+    n = range_length(s, l, d)
     return (s + d * xp.arange(n, dtype=np.float64 if start.dtype.kind == "f" else np.int64)).astype(start.dtype)
 
 

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from rlx_format.dtypes import bf16_words, compute_dtype
+from rlx_format.dtypes import bf16_words, compute_dtype, float_to_int
 
 from .registry import KERNELS, kernel, special
 
@@ -101,7 +101,10 @@ def _cast(xp, a, x):
         return bf16_words(xp, x).view(xp.float32).reshape(x.shape)
     if to == "bool":
         return x != 0
-    return x.astype(compute_dtype(to))
+    target = compute_dtype(to)
+    if x.dtype.kind == "f" and target.kind in "iu":
+        return float_to_int(xp, x, target)
+    return x.astype(target)
 
 
 KERNELS["Add"] = lambda xp, a, x, y: x + y

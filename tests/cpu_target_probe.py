@@ -1,0 +1,96 @@
+"""Results of rlx's compiled CPU paths on inputs where undefined behaviour would show (run as a script
+under another numba target / numpy dispatch level by test_defined_results.py, or imported in-process).
+
+`python tests/cpu_target_probe.py OUT.npz` writes every result array under its name.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+
+def codec_inputs() -> dict[str, np.ndarray]:
+    """float32 tensors [rows, 256] (a multiple of both block sizes) whose blocks hit every codec edge."""
+    r = np.random.default_rng(7)
+    # 1/d overflows for d below ~2^-128 (Q8_0: d = amax / 127, TQ2_0: d = amax)
+    blocks = {
+        "normal": r.standard_normal((4, 256)),
+        "subnormal": r.standard_normal((2, 256)) * 1e-40,  # 1/d = inf
+        "just_above_overflow": np.sign(r.standard_normal((2, 256))) * 2.0**-120,  # 1/d finite for both, d subnormal
+        "just_below_overflow": np.sign(r.standard_normal((2, 256))) * 2.0**-130,  # 1/d = inf for both
+        "min_subnormal": np.where(np.arange(256) % 3 == 0, np.float32(1e-45), 0).reshape(1, 256),
+        "zero": np.zeros((1, 256)),
+        "ties": np.tile((np.arange(256) - 127.5) / 2, (1, 1)) * (127 / 64),
+        "huge": r.standard_normal((1, 256)) * 1e37,  # fp16 scale overflows to inf (defined)
+    }
+    return {k: np.asarray(v, np.float32) for k, v in blocks.items()}
+
+
+def dot_inputs() -> tuple[np.ndarray, np.ndarray]:
+    """(x [20, 256] with NaN/+Inf/-Inf in some rows, w [24, 256] with zero blocks)."""
+    r = np.random.default_rng(8)
+    x = r.standard_normal((20, 256)).astype(np.float32)
+    x[1, 5] = np.nan
+    x[2, 7] = np.inf
+    x[3, 9] = -np.inf
+    x[4, 3], x[4, 200] = np.inf, -np.inf  # +Inf and -Inf in one dot: NaN
+    w = r.standard_normal((24, 256)).astype(np.float32)
+    w[5, :32] = 0  # Inf * 0 inside a block: NaN
+    w[6] = 0
+    return x, w
+
+
+def special_floats() -> np.ndarray:
+    r = np.random.default_rng(9)
+    sample = np.concatenate([r.standard_normal(20000) * s for s in (1e-3, 0.3, 1.0, 3.0, 10.0)])
+    edges = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, -1e-45, 1e-38, 5.9999, 6.0, 6.5, 3.4e38, -3.4e38,
+             127.5, -128.5, 128.0, -129.0, 255.5, 256.0, 2.0**31, -(2.0**31), 2.0**63, -(2.0**63), -0.5, 0.99]
+    return np.concatenate([np.array(edges), sample]).astype(np.float32)
+
+
+def _run(op: str, inputs: list[np.ndarray], attrs: dict, consts: tuple[int, ...] = ()) -> np.ndarray:
+    from rlx_format import GraphBuilder
+    from rlx_format.dtypes import dtype_of_array
+    from rlx_runtime import Session
+
+    g = GraphBuilder("probe")
+    names = []
+    for i, a in enumerate(inputs):
+        if i in consts:
+            names.append(g.constant(a, name=f"c{i}"))
+        else:
+            names.append(g.input(f"x{i}", dtype_of_array(a), list(a.shape)))
+    g.output(g.op(op, *names, name="y", **attrs))
+    feeds = {f"x{i}": a for i, a in enumerate(inputs) if i not in consts}
+    return Session().compile(g.build()).run(feeds)["y"]
+
+
+def compute() -> dict[str, np.ndarray]:
+    from rlx_format.quants import quantize_q8_0, quantize_tq2_0
+    from rlx_runtime.ufuncs import erf, gelu_erf
+
+    out: dict[str, np.ndarray] = {}
+    with np.errstate(all="ignore"):
+        for name, x in codec_inputs().items():
+            out[f"q8_0/{name}"] = quantize_q8_0(x)
+            out[f"tq2_0/{name}"] = quantize_tq2_0(x)
+        x, w = dot_inputs()
+        for enc, quantize in (("gguf_q8_0", quantize_q8_0), ("gguf_tq2_0", quantize_tq2_0)):
+            packed = quantize(w)
+            for m in (3, 20):  # the fused kernel (<= 12 rows) and the tiled path
+                out[f"dqmm/{enc}/{m}"] = _run("DequantMatMul", [x[:m], packed],
+                                              {"encoding": enc, "N": 24, "K": 256}, consts=(1,))
+        f = special_floats()
+        out["erf"] = erf(f)
+        out["erf_small"] = erf(f[:100])  # the serial kernel
+        out["gelu"] = gelu_erf(f)
+        for to in ("i8", "u8", "i16", "i32", "i64"):
+            out[f"cast/{to}"] = _run("Cast", [f], {"to": to})
+            out[f"cast16/{to}"] = _run("Cast", [f.astype(np.float16)], {"to": to})
+    return out
+
+
+if __name__ == "__main__":
+    np.savez(sys.argv[1], **{k.replace("/", "__"): v for k, v in compute().items()})

@@ -1,0 +1,72 @@
+"""numba's compiled-kernel cache lives in a per-user directory, never next to the installed sources."""
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+import rlx_format
+from rlx_format import numba_setup
+
+SRC = Path(rlx_format.__file__).parent
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    return {**env, "XDG_CACHE_HOME": str(tmp_path / "cache"), **extra}
+
+
+_QUANTIZE = ("import numpy as np; from rlx_format.quants import quantize_q8_0; "
+             "quantize_q8_0(np.ones((1, 32), np.float32)); import numba; print(numba.config.CACHE_DIR)")
+
+
+def test_cache_goes_to_the_per_user_directory(tmp_path):
+    before = {p.name for p in (SRC / "__pycache__").glob("*.nbi")} if (SRC / "__pycache__").is_dir() else set()
+    out = subprocess.run([sys.executable, "-c", _QUANTIZE], env=_env(tmp_path), check=True,
+                         capture_output=True, text=True).stdout.strip()
+    assert Path(out) == tmp_path / "cache" / "rlx" / "numba"
+    assert list(Path(out).rglob("quants._q8_0_blocks*.nbi"))  # the kernel was cached there
+    after = {p.name for p in (SRC / "__pycache__").glob("*.nbi")} if (SRC / "__pycache__").is_dir() else set()
+    assert after == before  # nothing new next to the sources
+
+
+def test_numba_cache_dir_from_the_user_wins(tmp_path):
+    mine = tmp_path / "mine"
+    out = subprocess.run([sys.executable, "-c", _QUANTIZE], env=_env(tmp_path, NUMBA_CACHE_DIR=str(mine)),
+                         check=True, capture_output=True, text=True).stdout.strip()
+    assert Path(out) == mine and list(mine.rglob("*.nbi"))
+    assert not (tmp_path / "cache").exists()
+
+
+def test_unusable_user_directory_falls_back_to_a_private_temp_folder(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))  # mkdir under a regular file fails, even as root
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    d = numba_setup.cache_dir()
+    assert d == tmp_path / "tmp" / f"rlx-numba-{os.getuid()}"
+    assert (d.stat().st_mode & 0o777) == 0o700
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid") or os.getuid() != 0, reason="needs root to chown")
+def test_temp_folder_owned_by_someone_else_is_not_used(tmp_path, monkeypatch):
+    """A shared temp directory is where another user could plant pickled cache entries."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    planted = tmp_path / f"rlx-numba-{os.getuid()}"
+    planted.mkdir(mode=0o700)
+    os.chown(planted, 12345, 12345)
+    assert numba_setup.cache_dir() is None
+    os.chown(planted, os.getuid(), os.getgid())
+    planted.chmod(0o777)  # ours, but writable by everyone
+    assert numba_setup.cache_dir() is None
+    planted.chmod(0o700)
+    assert numba_setup.cache_dir() == planted
