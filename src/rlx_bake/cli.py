@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
+import os
 import sys
 import traceback
 import warnings
+import zipfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -18,11 +21,11 @@ from rlx_format import (RlxError, is_encrypted, read_rlx, write_rlx, write_rlx_e
 from rlx_format.container import atomic_write
 from rlx_format.sealed import KDF_PROFILES, decrypt_file, encrypt_file, read_seal_header
 
+from .display import markup_safe, plain, printable
 from .loader import load_graph, write_bundle
 from .options import DEFAULT_PROFILE, PROFILES, BakeOptions
 from .passwords import password_options, resolve_password
 from .pipeline import bake as bake_fn
-
 
 
 class DefaultGroup(click.Group):
@@ -41,8 +44,9 @@ class DefaultGroup(click.Group):
 class State:
     def __init__(self, quiet: bool, debug: bool):
         self.quiet, self.debug = quiet, debug
-        self.err = Console(stderr=True, quiet=quiet, highlight=False)
-        self.out = Console(highlight=False)
+        # emoji off too: a name like ':cross_mark:' must show as typed
+        self.err = Console(stderr=True, quiet=quiet, highlight=False, emoji=False)
+        self.out = Console(highlight=False, emoji=False)
         for c in (self.err, self.out):
             if not c.is_terminal:  # pipes and logs: don't squeeze tables into 80 columns
                 c.width = 200
@@ -56,12 +60,13 @@ def handled(state: State):
     except RlxError as e:
         if state.debug:
             traceback.print_exc()
-        click.echo(f"error: {e}", err=True)
+        click.echo(f"error: {printable(str(e), newlines=True)}", err=True)
         sys.exit(1)
     except OSError as e:
         if state.debug:
             traceback.print_exc()
-        click.echo(f"error: {e.filename or ''}: {e.strerror or e}", err=True)
+        where = "" if e.filename is None else str(e.filename)
+        click.echo(f"error: {printable(where)}: {printable(str(e.strerror or e))}", err=True)
         sys.exit(1)
 
 
@@ -127,7 +132,7 @@ def bake_cmd(state, input_path, output, weights, profile, fold, simplify, dce, s
                 warnings.simplefilter("always")
                 rf, report = bake_fn(graph, ws, opts, step)
             for w in caught:
-                click.echo(f"warning: {w.message}", err=True)
+                click.echo(f"warning: {printable(str(w.message), newlines=True)}", err=True)
             step("writing")
             if password is not None:
                 write_rlx_encrypted(output, rf, password, KDF_PROFILES[kdf])
@@ -148,29 +153,34 @@ def _fmt_bytes(n: int) -> str:
 
 
 def _print_report(state: State, report, output: Path, sealed: bool) -> None:
-    t = Table(title=f"{output} ({report.profile}{', sealed' if sealed else ''})", title_justify="left")
+    # names, notes and reasons come from the input model: markup_safe() before rich sees them
+    t = Table(title=markup_safe(f"{output} ({report.profile}{', sealed' if sealed else ''})"), title_justify="left")
     for col in ("weight", "encoding", "shape", "before", "after", "max abs err", "cosine", "note"):
         t.add_column(col)
     for w in report.weights:
-        t.add_row(w.name, w.encoding, "x".join(map(str, w.shape)), _fmt_bytes(w.bytes_before),
-                  _fmt_bytes(w.bytes_after), "" if w.max_abs_err is None else f"{w.max_abs_err:.3g}",
-                  "" if w.cosine is None else f"{w.cosine:.6f}", w.note)
+        t.add_row(markup_safe(w.name), markup_safe(w.encoding), markup_safe("x".join(map(str, w.shape))),
+                  _fmt_bytes(w.bytes_before), _fmt_bytes(w.bytes_after),
+                  "" if w.max_abs_err is None else f"{w.max_abs_err:.3g}",
+                  "" if w.cosine is None else f"{w.cosine:.6f}", markup_safe(w.note))
     state.err.print(t)
     state.err.print(f"nodes {report.nodes_before} -> {report.nodes_after}; weights "
                     f"{_fmt_bytes(report.total_bytes_before)} -> {_fmt_bytes(report.total_bytes)}; "
                     f"skipped {len(report.skipped)}, ternary {len(report.ternary)}, q8_0 {len(report.quant)}")
     if report.params_unbound:
-        state.err.print(f"params left unbound (set them at run time): {report.params_unbound}")
+        state.err.print(f"params left unbound (set them at run time): {markup_safe(report.params_unbound)}")
     for note in report.notes:
-        state.err.print(f"note: {note}")
+        state.err.print(f"note: {markup_safe(note)}")
     for r in report.folds_refused:
-        state.err.print(f"fold refused: {r['node']} ({r['op']}): {r['reason']}")
-    click.echo(f"wrote {output}")
+        state.err.print(f"fold refused: {markup_safe(r['node'])} ({markup_safe(r['op'])}): {markup_safe(r['reason'])}")
+    click.echo(f"wrote {printable(str(output))}")
+
+
+def _password_for(path: Path, env, stdin, value) -> str | None:
+    return resolve_password(env, stdin, value, confirm=False) if is_encrypted(path) else None
 
 
 def _open(path: Path, env, stdin, value):
-    password = resolve_password(env, stdin, value, confirm=False) if is_encrypted(path) else None
-    return read_rlx(path, password=password)
+    return read_rlx(path, password=_password_for(path, env, stdin, value))
 
 
 @main.command("import-onnx")
@@ -205,7 +215,7 @@ def inspect(state, path, password_env, password_stdin, password_value, as_json):
                 click.echo(json.dumps(info, indent=1))
             else:
                 for k, v in info.items():
-                    click.echo(f"{k}: {v}")
+                    click.echo(f"{k}: {printable(str(v))}")
                 click.echo("(pass --password-env VAR or --password-stdin to see the contents)")
             return
         rf = _open(path, password_env, password_stdin, password_value)
@@ -217,29 +227,44 @@ def inspect(state, path, password_env, password_stdin, password_value, as_json):
                 "params": [{"name": v.name, "dtype": v.dtype, "shape": list(v.shape)} for v in g.params],
                 "weights": [{"name": w.name, "encoding": w.encoding, "shape": list(w.shape), "nbytes": w.nbytes,
                              "digest": w.digest, "note": w.note} for w in rf.weights.values()],
-                "meta": {k: v for k, v in rf.meta.items() if k != "bake"}}
-        if as_json:
+                "meta": plain({k: v for k, v in rf.meta.items() if k != "bake"})}
+        if as_json:  # ensure_ascii (the default): control and bidi characters arrive as \uXXXX escapes
             click.echo(json.dumps(info, indent=1, default=str))
             return
+        # everything below except the fixed words comes from the file: markup_safe() it all
         out = state.out
-        out.print(f"[bold]{path}[/bold]  RLXBAKE1 v{rf.version}  graph {g.name!r}: {len(g.nodes)} nodes")
-        out.print("ops: " + ", ".join(f"{k} x{v}" for k, v in info["ops"].items()))
+        out.print(f"[bold]{markup_safe(str(path))}[/bold]  RLXBAKE1 v{rf.version}  graph {markup_safe(repr(g.name))}: "
+                  f"{len(g.nodes)} nodes")
+        out.print(markup_safe("ops: " + ", ".join(f"{k} x{v}" for k, v in info["ops"].items())))
         for kind in ("inputs", "outputs", "params"):
             for v in info[kind]:
-                out.print(f"{kind[:-1]:>6} {v['name']}: {v['dtype']}{v['shape']}")
+                out.print(markup_safe(f"{kind[:-1]:>6} {v['name']}: {v['dtype']}{v['shape']}"))
         t = Table("weight", "encoding", "shape", "bytes", "digest", "note")
         for w in info["weights"]:
-            t.add_row(w["name"], w["encoding"], "x".join(map(str, w["shape"])), str(w["nbytes"]), w["digest"] or "",
-                      w["note"])
+            t.add_row(*map(markup_safe, (w["name"], w["encoding"], "x".join(map(str, w["shape"])), w["nbytes"],
+                                         w["digest"] or "", w["note"])))
         out.print(t)
-        out.print(f"meta: tool={rf.meta.get('tool')}")
+        out.print(markup_safe(f"meta: tool={_meta_text(rf.meta.get('tool'))}"))
+        for k, v in rf.meta.items():
+            if k not in ("tool", "bake", "inputs", "outputs", "params"):  # I/O is shown above from the graph
+                out.print(markup_safe(f"meta: {_meta_text(k)}={_meta_text(v)}"))
         b = rf.meta.get("bake")
         if isinstance(b, dict) and isinstance(b.get("counts"), dict):
-            c = b["counts"]
-            out.print(f"bake: profile {b.get('profile')}; nodes {b.get('nodes_before')} -> {b.get('nodes_after')}; "
-                      f"weights {_fmt_bytes(int(b.get('total_bytes_before', 0)))} -> "
-                      f"{_fmt_bytes(int(b.get('total_bytes', 0)))}; skipped {c.get('skipped')}, "
-                      f"ternary {c.get('ternary')}, q8_0 {c.get('quant')}")
+            c, m = b["counts"], _meta_text
+            out.print(markup_safe(
+                f"bake: profile {m(b.get('profile'))}; nodes {m(b.get('nodes_before'))} -> {m(b.get('nodes_after'))}; "
+                f"weights {_meta_bytes(b.get('total_bytes_before', 0))} -> {_meta_bytes(b.get('total_bytes', 0))}; "
+                f"skipped {m(c.get('skipped'))}, ternary {m(c.get('ternary'))}, q8_0 {m(c.get('quant'))}"))
+
+
+def _meta_text(v) -> str:
+    """A meta value as one line of text: strings as they are, anything else as compact JSON."""
+    return v if isinstance(v, str) else json.dumps(plain(v), ensure_ascii=False, default=str)
+
+
+def _meta_bytes(v) -> str:
+    """A byte count from meta; a value that is not a number is shown as it is, not computed with."""
+    return _fmt_bytes(v) if type(v) in (int, float) else _meta_text(v)
 
 
 def _op_counts(g) -> dict:
@@ -329,7 +354,7 @@ def verify(state, path, against, weights, seed, password_env, password_stdin, pa
             diff = float(np.max(np.abs(x - y))) if x.size else 0.0
             den = np.linalg.norm(x) * np.linalg.norm(y)
             cos = float(x @ y / den) if den else 1.0
-            click.echo(f"output {name}: max abs diff {diff:.3g}, cosine {cos:.8f}")
+            click.echo(f"output {printable(name)}: max abs diff {diff:.3g}, cosine {cos:.8f}")
 
 
 @main.command()
@@ -346,28 +371,101 @@ def run(state, path, inputs, output, unpack, device, password_env, password_stdi
     from rlx_runtime import CompileOptions, Session, to_host
     with handled(state):
         session = Session(device)  # a bad device or a missing GPU fails before any file is read
+        password = _password_for(path, password_env, password_stdin, password_value)  # before reading inputs
         feeds = {}
         for spec in inputs:
             if "=" not in spec:
                 raise click.BadParameter(f"{spec!r}; expected NAME=FILE.npy", param_hint="--input")
             name, file = spec.split("=", 1)
-            try:
-                feeds[name] = np.load(file, allow_pickle=False)
-            except FileNotFoundError:
-                raise RlxError(f"--input {name}: {file}: no such file") from None
-            except ValueError as e:
-                raise RlxError(f"--input {name}: {file}: not a .npy array ({e})") from None
-        rf = _open(path, password_env, password_stdin, password_value)
+            feeds[name] = _load_npy(name, file)
+        rf = read_rlx(path, password=password)
+        if output is not None:  # refuse before running, not after
+            _check_npz_names(output, rf.graph.outputs)
         compiled = session.compile_with(rf, CompileOptions(unpack_quantized=True)) if unpack else session.compile(rf)
         out = to_host(compiled.run(feeds))
         for name, arr in out.items():
-            click.echo(f"{name}: {arr.dtype}{list(arr.shape)} min {arr.min():.6g} max {arr.max():.6g}"
-                       if arr.size and arr.dtype.kind in "fiu" else f"{name}: {arr.dtype}{list(arr.shape)}")
+            shown = printable(name)
+            click.echo(f"{shown}: {arr.dtype}{list(arr.shape)} min {arr.min():.6g} max {arr.max():.6g}"
+                       if arr.size and arr.dtype.kind in "fiu" else f"{shown}: {arr.dtype}{list(arr.shape)}")
         if output is not None:
-            def write(f):
-                np.savez(f, **out)
-            atomic_write(output, write)
-            click.echo(f"wrote {output}")
+            atomic_write(output, lambda f: _write_npz(f, out))
+            click.echo(f"wrote {printable(str(output))}")
+
+
+_NPY_HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0,
+                       # 3.0 differs from 2.0 only in a UTF-8 (not latin-1) header; ASCII headers read the same
+                       (3, 0): np.lib.format.read_array_header_2_0}
+
+
+def _load_npy(name: str, file: str) -> np.ndarray:
+    """Read one --input .npy, checking its header against the file size before allocating anything."""
+    where = f"--input {name}: {file}"
+    try:
+        f = open(file, "rb")
+    except FileNotFoundError:
+        raise RlxError(f"{where}: no such file") from None
+    except IsADirectoryError:
+        raise RlxError(f"{where}: is a directory; expected a .npy file") from None
+    except OSError as e:
+        raise RlxError(f"{where}: cannot open ({e.strerror})") from None
+    with f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            raise RlxError(f"{where}: the file is empty; expected a .npy array (numpy.save)")
+        try:
+            version = np.lib.format.read_magic(f)
+            if version not in _NPY_HEADER_READERS:
+                raise ValueError(f"format version {version[0]}.{version[1]} is not supported")
+            shape, fortran_order, dtype = _NPY_HEADER_READERS[version](f)
+        except ValueError as e:
+            raise RlxError(f"{where}: not a .npy array ({e}); write it with numpy.save") from None
+        if dtype.hasobject:
+            raise RlxError(f"{where}: dtype {dtype} holds Python objects, which are never unpickled; "
+                           "expected a numeric array")
+        if any(d < 0 for d in shape):
+            raise RlxError(f"{where}: header shape {list(shape)} has a negative dim; the file is corrupted")
+        need, have = math.prod(shape) * dtype.itemsize, size - f.tell()
+        if need > have:
+            raise RlxError(f"{where}: header declares {dtype}{list(shape)} ({need} bytes of data) but only {have} "
+                           "bytes follow it; the file is truncated or corrupted")
+        f.seek(0)
+        try:
+            return np.lib.format.read_array(f, allow_pickle=False)
+        except MemoryError:
+            raise RlxError(f"{where}: {dtype}{list(shape)} needs {need} bytes; not enough memory") from None
+        except ValueError as e:
+            raise RlxError(f"{where}: not a .npy array ({e})") from None
+
+
+def _npz_name_problem(name: str, names: list[str]) -> str | None:
+    """Why `name` cannot be an .npz member that every unzip puts next to the others (None if it can)."""
+    if not name:
+        return "it is empty"
+    if "/" in name or "\\" in name:
+        return "it contains a path separator ('/' or '\\')"
+    if name in (".", ".."):
+        return "it is a relative directory name ('.' or '..')"
+    if not name.isprintable():
+        return "it contains control or invisible characters"
+    if name.endswith(".npy") and name[:-4] in names:
+        return f"it ends in '.npy', so np.load would confuse it with output {name[:-4]!r}"
+    return None
+
+
+def _check_npz_names(output: Path, names: list[str]) -> None:
+    for name in names:
+        why = _npz_name_problem(name, names)
+        if why is not None:
+            raise RlxError(f"-o {output}: output {name!r} cannot be saved in an .npz file: {why}; .npz members "
+                           "must be plain, distinct file names: rename the output in the model or run without -o")
+
+
+def _write_npz(f, arrays: dict) -> None:
+    """np.savez, but every array under its own name: savez's own keywords (file, allow_pickle) collide."""
+    with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for name, arr in arrays.items():
+            with zf.open(f"{name}.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asanyarray(arr), allow_pickle=False)
 
 
 if __name__ == "__main__":  # pragma: no cover

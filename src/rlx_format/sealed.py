@@ -95,7 +95,11 @@ class SealHeader:
 
 def _password_bytes(password: str | bytes) -> bytes:
     if isinstance(password, str):
-        password = password.encode("utf-8")
+        try:
+            password = password.encode("utf-8")
+        except UnicodeEncodeError:  # lone surrogates (undecodable bytes from environ/argv); never echo them
+            raise RlxError("password is not valid UTF-8 text (it contains unpaired surrogates); pass valid "
+                           "text or the password's bytes") from None
     if not isinstance(password, (bytes, bytearray)) or not password:
         raise RlxError("password must be a non-empty str or bytes")
     return bytes(password)
