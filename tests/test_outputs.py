@@ -401,3 +401,25 @@ def test_stale_cleanup_spares_live_writers_young_files_and_non_regular_entries(t
         os.close(holder)
     write_rlx(tmp_path / "m.rlx", _tiny())
     assert not live.exists() and young.exists()  # its writer is gone now
+
+
+def test_a_running_write_keeps_its_temp_from_another_writers_cleanup(tmp_path, monkeypatch):
+    monkeypatch.setattr(files_mod, "_open_unnamed", lambda directory, mode: None)
+    out = tmp_path / "m.bin"
+
+    def outer(f):
+        f.write(b"outer")
+        (mine,) = [p for p in tmp_path.iterdir() if p.name.startswith(".m.bin.")]
+        _age(mine, 3600)  # old enough to be judged by its lock alone
+        atomic_write(out, lambda g: g.write(b"inner"))  # its cleanup must see the lock and spare `mine`
+        assert mine.exists()
+
+    atomic_write(out, outer)
+    assert out.read_bytes() == b"outer" and [p.name for p in tmp_path.iterdir()] == ["m.bin"]
+
+
+def test_a_non_regular_file_appearing_during_the_write_is_not_replaced(tmp_path, temp_kind):
+    out = tmp_path / "m.bin"
+    with pytest.raises(OutputError, match="is a FIFO"):
+        atomic_write(out, lambda f: os.mkfifo(out))
+    assert stat.S_ISFIFO(os.lstat(out).st_mode) and [p.name for p in tmp_path.iterdir()] == ["m.bin"]
