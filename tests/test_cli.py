@@ -173,10 +173,10 @@ def _bad_cases(tmp_path):
         (["run", truncated, "--input", f"x={tmp_path / 'x64.npy'}"], None, None, 1, "truncated or corrupted"),
         (["inspect", truncated], None, None, 1, "outside the data section"),
         (["verify", truncated], None, None, 1, "outside the data section"),
-        ([mk(tmp_path / "q", _small_graph(), good_w), "-o", outdir], None, None, 1, "Is a directory"),
-        ([mk(tmp_path / "r", _small_graph(), good_w), "-o", "/proc/rlx-test.rlx"], None, None, 1, "error:"),
-        ([mk(tmp_path / "s", _small_graph(), good_w), "-o", afile / "o.rlx"], None, None, 1, "does not exist"),
-        (["decrypt", sealed, "-o", outdir, "--password-env", "PW"], {"PW": "right"}, None, 1, "Is a directory"),
+        ([mk(tmp_path / "q", _small_graph(), good_w), "-o", outdir], None, None, 1, "is a directory, not a"),
+        ([mk(tmp_path / "r", _small_graph(), good_w), "-o", "/proc/rlx-test.rlx"], None, None, 1, "cannot create"),
+        ([mk(tmp_path / "s", _small_graph(), good_w), "-o", afile / "o.rlx"], None, None, 1, "is not a directory"),
+        (["decrypt", sealed, "-o", outdir, "--password-env", "PW"], {"PW": "right"}, None, 1, "is a directory, not"),
         (["verify", plain, "--against", tmp_path / "a"], None, None, 1, "directory has no graph.json"),
     ]
 

@@ -106,9 +106,9 @@ def test_reproducible_and_atomic(tmp_path):
 def test_stale_temp_files_of_killed_writes_are_cleaned(tmp_path):
     import os
     import time
-    old = tmp_path / ".m.rlx.abc123.tmp"
-    fresh = tmp_path / ".m.rlx.def456.tmp"
-    other = tmp_path / ".other.rlx.xyz.tmp"
+    old = tmp_path / ".m.rlx.abc12345.tmp"  # temp names carry 8 characters, like tempfile.mkstemp's
+    fresh = tmp_path / ".m.rlx.def45678.tmp"
+    other = tmp_path / ".other.rlx.xyz12345.tmp"
     for f in (old, fresh, other):
         f.write_bytes(b"partial")
     two_days_ago = time.time() - 2 * 86400

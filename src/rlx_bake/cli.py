@@ -18,11 +18,11 @@ from rich.console import Console
 from rich.table import Table
 
 from rlx_format import (RlxError, is_encrypted, read_rlx, write_rlx, write_rlx_encrypted)
-from rlx_format.container import atomic_write
+from rlx_format.files import atomic_write, check_output_path
 from rlx_format.sealed import KDF_PROFILES, decrypt_file, encrypt_file, read_seal_header
 
 from .display import markup_safe, plain, printable
-from .loader import load_graph, write_bundle
+from .loader import check_bundle_output, load_graph, write_bundle
 from .options import DEFAULT_PROFILE, PROFILES, BakeOptions
 from .passwords import password_options, resolve_password
 from .pipeline import bake as bake_fn
@@ -122,6 +122,9 @@ def bake_cmd(state, input_path, output, weights, profile, fold, simplify, dce, s
              password_env, password_stdin, password_value, kdf, report_json):
     """Bake INPUT into OUTPUT (.rlx), optionally sealed with a password."""
     with handled(state):
+        for path in (output, report_json):  # a path that cannot be written fails before the password and the bake
+            if path is not None:
+                check_output_path(path)
         password = resolve_password(password_env, password_stdin, password_value, confirm=True)  # before the bake
         opts = BakeOptions.from_profile(profile, fold=fold, simplify=simplify, dce=dce, skip=skip, ternary=ternary,
                                         quant=quant, strict=strict)
@@ -192,6 +195,7 @@ def import_onnx_cmd(state, model, output):
     """Convert an ONNX model into a bundle directory (graph.json + weights.safetensors)."""
     from .onnx import import_onnx
     with handled(state):
+        check_bundle_output(output)
         graph, ws = import_onnx(model)
         write_bundle(output, graph, ws)
         click.echo(f"wrote {output / 'graph.json'} and {output / 'weights.safetensors'} "
@@ -283,6 +287,7 @@ def _op_counts(g) -> dict:
 def encrypt(state, src, output, password_env, password_stdin, password_value, kdf):
     """Seal a plaintext .rlx file (streamed; any size)."""
     with handled(state):
+        check_output_path(output)
         pw = resolve_password(password_env, password_stdin, password_value, confirm=True)
         if pw is None:
             raise click.UsageError("encrypt needs a password: --password-env VAR, --password-stdin or --password")
@@ -300,6 +305,7 @@ def encrypt(state, src, output, password_env, password_stdin, password_value, kd
 def decrypt(state, src, output, password_env, password_stdin, password_value):
     """Unseal to a plaintext .rlx file (writes plaintext to disk)."""
     with handled(state):
+        check_output_path(output)
         if not is_encrypted(src):
             raise RlxError(f"{src}: not an encrypted rlx file (or missing)")
         pw = resolve_password(password_env, password_stdin, password_value, confirm=False)
@@ -371,6 +377,8 @@ def run(state, path, inputs, output, unpack, device, password_env, password_stdi
     from rlx_runtime import CompileOptions, Session, to_host
     with handled(state):
         session = Session(device)  # a bad device or a missing GPU fails before any file is read
+        if output is not None:
+            check_output_path(output)
         password = _password_for(path, password_env, password_stdin, password_value)  # before reading inputs
         feeds = {}
         for spec in inputs:

@@ -16,6 +16,7 @@ import numpy as np
 from safetensors import safe_open
 
 from rlx_format.errors import RlxError
+from rlx_format.files import atomic_write, check_output_path
 from rlx_format.graph import Graph
 
 # safetensors dtype tag -> (numpy storage dtype, IR dtype)
@@ -93,14 +94,26 @@ def load_graph(path: str | os.PathLike, weights: str | os.PathLike | None = None
     return graph, ws
 
 
+BUNDLE_FILES = ("graph.json", "weights.safetensors")
+
+
+def check_bundle_output(directory: str | os.PathLike) -> Path:
+    """Refuse a bundle directory path write_bundle could not fill: a non-directory, or a graph.json /
+    weights.safetensors in it that is not a regular file (files.check_output_path)."""
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise RlxError(f"{directory}: exists and is not a directory; expected a bundle directory path")
+    if directory.is_dir():
+        for name in BUNDLE_FILES:
+            check_output_path(directory / name)
+    return directory
+
+
 def write_bundle(directory: str | os.PathLike, graph: Graph, weights: dict) -> None:
     """Write graph.json + weights.safetensors into `directory` (created if missing), each atomically."""
     from safetensors.numpy import save
 
-    from rlx_format.container import atomic_write
-    directory = Path(directory)
-    if directory.exists() and not directory.is_dir():
-        raise RlxError(f"{directory}: exists and is not a directory; expected a bundle directory path")
+    directory = check_bundle_output(directory)
     dtypes = getattr(weights, "dtypes", {})
     bf16 = [k for k, d in dtypes.items() if d == "bf16"]
     if bf16:

@@ -1,8 +1,8 @@
 """RLXBAKE1 v2: one file holding a graph, its weight table and tensor bytes (spec/rlx-format.md).
 
 The reader memory-maps the file and returns zero-copy, read-only numpy views; it validates,
-in a fixed order, everything the header claims before trusting it. The writer streams to a
-temp file in the target directory, fsyncs and renames, so `path` is never half-written.
+in a fixed order, everything the header claims before trusting it. The writer streams through
+files.atomic_write, so `path` is never half-written.
 """
 
 from __future__ import annotations
@@ -12,8 +12,6 @@ import math
 import mmap
 import os
 import struct
-import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -27,6 +25,7 @@ from .constants import (ALIGNMENT, MAX_DIM, MAX_HEADER_BYTES, MAX_NODES, MAX_RAN
                         RLXENC_MAGIC, SCHEMA_VERSION)
 from .dtypes import NUMPY_DTYPES, bf16_to_f32
 from .errors import EncryptedFileError, FormatError, GraphError
+from .files import atomic_write, open_for_reading
 from .graph import Graph
 
 TOOL_VERSION = "rlx 0.1.0"
@@ -237,69 +236,12 @@ def _write_stream(f: BinaryIO, rf: RlxFile, seekable: bool = False) -> None:
         f.seek(end)
 
 
-STALE_TEMP_SECONDS = 24 * 3600
-
-
-def _remove_stale_temps(path: Path) -> None:
-    """Drop temp files of earlier writes to `path` that were killed mid-write (older than a day, so a
-    concurrent writer's live temp file is never touched)."""
-    cutoff = time.time() - STALE_TEMP_SECONDS
-    for stale in path.parent.glob(f".{path.name}.*.tmp"):
-        try:
-            if stale.stat().st_mtime < cutoff:
-                stale.unlink()
-        except OSError:
-            pass
-
-
-def atomic_write(path: str | os.PathLike, writer) -> None:
-    """Call writer(fileobj) on a temp file next to `path`, fsync, then rename over `path`."""
-    path = Path(path)
-    directory = path.parent if str(path.parent) else Path(".")
-    if not directory.is_dir():
-        raise FormatError(f"{path}: directory {directory} does not exist; create it first")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            writer(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    _remove_stale_temps(path)
-    try:
-        dfd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
-
-
 def write_rlx(path: str | os.PathLike, rf: RlxFile) -> None:
     """Write `rf` as a plaintext RLXBAKE1 v2 file, atomically. Same input -> same bytes."""
     atomic_write(path, lambda f: _write_stream(f, rf, seekable=True))
 
 
 # ------------------------------------------------------------------------------------------- reader
-
-
-def open_for_reading(path: Path) -> BinaryIO:
-    """open(path, "rb") with the library's errors for missing files, directories and OS failures."""
-    try:
-        return open(path, "rb")
-    except FileNotFoundError:
-        raise FormatError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise FormatError(f"{path}: is a directory; expected an .rlx file") from None
-    except OSError as e:
-        raise FormatError(f"{path}: cannot open ({e.strerror})") from None
 
 
 def read_rlx(path: str | os.PathLike, password: str | bytes | None = None, *, verify: bool = False) -> RlxFile:

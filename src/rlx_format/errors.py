@@ -15,6 +15,10 @@ class FormatError(RlxError):
     """An .rlx container is malformed, truncated or inconsistent."""
 
 
+class OutputError(RlxError):
+    """An output path cannot be written safely (missing directory, or an existing non-regular file)."""
+
+
 class EncryptedFileError(FormatError):
     """A sealed (RLXENC01) file was given where a password is needed."""
 

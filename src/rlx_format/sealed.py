@@ -20,8 +20,9 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from .constants import PREAMBLE_BYTES, RLXBAKE_MAGIC, RLXENC_MAGIC
-from .container import RlxFile, _layout, _write_stream, atomic_write, open_for_reading, read_rlx_bytes
+from .container import RlxFile, _layout, _write_stream, read_rlx_bytes
 from .errors import DecryptError, FormatError, RlxError
+from .files import atomic_write, check_output_path, open_for_reading
 
 ENC_VERSION = 1
 KDF_ARGON2ID = 1
@@ -190,7 +191,8 @@ def _plaintext_size(rf: RlxFile) -> int:
 
 def write_rlx_encrypted(path: str | os.PathLike, rf: RlxFile, password: str | bytes,
                         kdf: KdfParams | None = None, chunk_size: int = DEFAULT_CHUNK) -> None:
-    """Seal `rf` to `path` (atomic). Plaintext is streamed through the cipher, never written to disk."""
+    """Seal `rf` to `path` (atomic, mode 0600). Plaintext is streamed through the cipher, never written to disk."""
+    check_output_path(path)  # before the Argon2 work
     h = new_header(_plaintext_size(rf), kdf or KdfParams(), chunk_size)
     key = derive_key(password, h.salt, h.kdf)
 
@@ -199,13 +201,14 @@ def write_rlx_encrypted(path: str | os.PathLike, rf: RlxFile, password: str | by
         _write_stream(w, rf)
         w.close()
 
-    atomic_write(path, write)
+    atomic_write(path, write, private=True)
 
 
 def encrypt_file(src: str | os.PathLike, dst: str | os.PathLike, password: str | bytes,
                  kdf: KdfParams | None = None, chunk_size: int = DEFAULT_CHUNK) -> None:
-    """Seal an existing plaintext .rlx file, streaming in constant memory."""
+    """Seal an existing plaintext .rlx file to `dst` (atomic, mode 0600), streaming in constant memory."""
     src = Path(src)
+    check_output_path(dst)
     with open_for_reading(src) as f:
         if f.read(8) != RLXBAKE_MAGIC:
             raise FormatError(f"{src}: not a plaintext rlx file (expected magic {RLXBAKE_MAGIC!r})")
@@ -219,7 +222,7 @@ def encrypt_file(src: str | os.PathLike, dst: str | os.PathLike, password: str |
                 w.write(chunk)
             w.close()
 
-        atomic_write(dst, write)
+        atomic_write(dst, write, private=True)
 
 
 def _decrypt_chunks(f: BinaryIO, h: SealHeader, key: bytes, sink) -> None:
@@ -269,10 +272,12 @@ def read_rlx_with_password(path: str | os.PathLike, password: str | bytes, *, ve
 
 
 def decrypt_file(src: str | os.PathLike, dst: str | os.PathLike, password: str | bytes) -> None:
-    """Unseal to a plaintext .rlx file, streaming; nothing is left at `dst` if authentication fails."""
+    """Unseal to a plaintext .rlx file (mode 0600), streaming; nothing is left at `dst` if authentication
+    fails, and on Linux nothing named holds plaintext until it is complete (files.atomic_write)."""
+    check_output_path(dst)
     f, h, key = _open_sealed(src, password)
     with f:
-        atomic_write(dst, lambda out: _decrypt_chunks(f, h, key, lambda _off, data: out.write(data)))
+        atomic_write(dst, lambda out: _decrypt_chunks(f, h, key, lambda _off, data: out.write(data)), private=True)
 
 
 def is_encrypted(path: str | os.PathLike) -> bool:
