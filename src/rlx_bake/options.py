@@ -29,6 +29,7 @@ class BakeOptions:
     strict: bool = False
     fold_growth_limit: float = DEFAULT_FOLD_GROWTH_LIMIT
     fold_min_bytes: int = DEFAULT_FOLD_MIN_BYTES
+    fold_memory_budget: int | None = None  # bytes folding may hold at once (None: 1/8 of usable memory)
 
     @classmethod
     def from_profile(cls, name: str = DEFAULT_PROFILE, **overrides) -> BakeOptions:

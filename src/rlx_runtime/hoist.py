@@ -17,10 +17,10 @@ import numpy as np
 
 from rlx_format.errors import RlxError
 from rlx_format.graph import Graph, Node, Value
-from rlx_format.ops import RANDOM_OPS
 
 from .device import Device, device_scope
 from .options import CompileOptions
+from .passes.evaluate import PARAM, SHAPE, binding_times, boundaries, closure, reads
 from .pecache import PECache, PECacheKey
 from .plan import Plan, check_array, check_feeds
 
@@ -52,34 +52,30 @@ def split_shape_invariant(graph: Graph) -> HoistSplit | None:
 
 
 def _split(graph: Graph, through_shape: bool) -> HoistSplit | None:
-    inputs = set(graph.input_names)
-    dynamic = set(inputs)
-    for n in graph.nodes:  # topological order: one forward sweep (linear time)
-        if n.op in RANDOM_OPS:
-            dynamic.add(n.name)
-        elif through_shape and n.op == "Shape" and n.inputs[0] in inputs:
-            continue  # depends on the input's shape only
-        elif any(i in dynamic for i in n.inputs):
-            dynamic.add(n.name)
-    static_nodes = {n.name for n in graph.nodes if n.name not in dynamic}
-    boundary = []
-    for n in graph.nodes:
-        if n.name in dynamic:
-            boundary.extend(i for i in n.inputs if i in static_nodes and i not in boundary)
-    boundary.extend(o for o in graph.outputs if o in static_nodes and o not in boundary)
+    bt = binding_times(graph, through_shape)  # the partial evaluator's analysis (passes/evaluate.py)
+    level = SHAPE if through_shape else PARAM
+    dynamic = {name for name, t in bt.items() if t > level}
+    boundary = boundaries(graph, bt, level)
     if not boundary:
         return None
     nodes = graph.node_map()
-    need = _closure(nodes, boundary)  # prepare: everything the boundary tensors are computed from
-    prep_nodes = [_clone(n) for n in graph.nodes if n.name in need]
+    need = closure(graph, nodes, boundary)  # prepare: everything the boundary tensors are computed from
+    prep_nodes, prep_consts = [], [_vcopy(c) for k, c in graph.constants.items() if k in need]
+    for n in graph.nodes:
+        if n.name in need:
+            if n.op == "Shape" and not reads(n, graph):  # a static shape: a constant, not a read of x
+                shape = np.asarray(graph.types[n.inputs[0]].shape, np.int64)
+                prep_consts.append(Value(n.name, "i64", shape.shape, shape))
+            else:
+                prep_nodes.append(_clone(n))
     prep_params = [p for p in graph.params if p.name in need]
     prep_inputs = [_vcopy(v) for v in graph.inputs if v.name in need]  # read through Shape only
-    prepare = Graph(f"{graph.name}.prepare", prep_inputs, [_vcopy(p) for p in prep_params],
-                    [_vcopy(c) for k, c in graph.constants.items() if k in need], prep_nodes, list(boundary))
+    prepare = Graph(f"{graph.name}.prepare", prep_inputs, [_vcopy(p) for p in prep_params], prep_consts,
+                    prep_nodes, list(boundary))
     # per-boundary param dependencies
     deps: dict[str, list[str]] = {}
     for b in boundary:
-        seen = _closure(nodes, [b])
+        seen = closure(graph, nodes, [b])
         deps[b] = [p.name for p in graph.params if p.name in seen]
     # main: dynamic nodes, boundary names replaced by fresh inputs
     taken = {v.name for v in graph.inputs + graph.params} | set(graph.constants) | set(nodes)
@@ -91,7 +87,8 @@ def _split(graph: Graph, through_shape: bool) -> HoistSplit | None:
         bmap[b] = name
     main_nodes = [Node(n.name, n.op, [bmap.get(i, i) for i in n.inputs], dict(n.attrs))
                   for n in graph.nodes if n.name in dynamic]
-    main_outputs = [o for o in graph.outputs if o not in static_nodes]
+    prepared = {n.name for n in graph.nodes if n.name not in dynamic}
+    main_outputs = [o for o in graph.outputs if o not in prepared]  # an output naming a leaf stays in main
     used = {i for n in main_nodes for i in n.inputs} | set(main_outputs)
     main_params = [p for p in graph.params if p.name in used]
     main = None
@@ -104,18 +101,6 @@ def _split(graph: Graph, through_shape: bool) -> HoistSplit | None:
     return HoistSplit(prepare, main, boundary, bmap, [p.name for p in prep_params],
                       [p.name for p in main_params] if main is not None else [], deps, list(graph.outputs),
                       [_vcopy(v) for v in graph.inputs], [_vcopy(p) for p in graph.params])
-
-
-def _closure(nodes: dict[str, Node], roots: list[str]) -> set[str]:
-    """Every value the roots are computed from (themselves included); iterative, linear time."""
-    seen: set[str] = set()
-    stack = list(roots)
-    while stack:
-        v = stack.pop()
-        if v not in seen:
-            seen.add(v)
-            stack.extend(nodes[v].inputs if v in nodes else ())
-    return seen
 
 
 def _clone(n: Node) -> Node:
@@ -233,7 +218,7 @@ class HoistedGraph:
 
 def _restrict(prepare: Graph, output: str) -> Graph:
     """The part of `prepare` that computes one boundary tensor."""
-    need = _closure(prepare.node_map(), [output])
+    need = closure(prepare, prepare.node_map(), [output])
     return Graph(f"{prepare.name}[{output}]", [_vcopy(v) for v in prepare.inputs if v.name in need],
                  [_vcopy(p) for p in prepare.params if p.name in need],
                  [_vcopy(c) for k, c in prepare.constants.items() if k in need],

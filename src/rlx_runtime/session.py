@@ -104,7 +104,7 @@ class Session:
     def _compile(self, graph_or_file, options: CompileOptions):
         graph = _as_graph(graph_or_file)
         report = None
-        if options.param_bindings or options.optimize or options.unpack_quantized:
+        if options.param_bindings or options.optimize or options.unpack_quantized or options.precompute:
             from .passes.pipeline import compile_pipeline
             graph, report = compile_pipeline(graph, options)
         if options.cache_param_invariant or options.cache_shape_invariant:

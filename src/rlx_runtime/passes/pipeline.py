@@ -31,14 +31,16 @@ def compile_pipeline(graph: Graph, options) -> tuple[Graph, PassReport]:
     if options.param_bindings:
         graph = specialize_params(graph, options.param_bindings, report)
         report.passes.append(("specialize", len(graph.nodes)))
+
+    def fold(g, r):
+        return constant_fold(g, r, options.fold_growth_limit, options.fold_min_bytes, options.fold_memory_budget)
+
     passes: list[tuple[str, Pass]] = [("unpack", unpack_quantized)] if options.unpack_quantized else []
-    passes += [
-        ("simplify", simplify),
-        ("fold", lambda g, r: constant_fold(g, r, options.fold_growth_limit, options.fold_min_bytes)),
-        ("simplify", simplify),
-        ("dce", dead_code_elimination),
-        ("dedupe", dedupe_constants),
-    ]
+    if options.optimize or options.param_bindings or options.unpack_quantized:
+        passes += [("simplify", simplify), ("fold", fold), ("simplify", simplify), ("dce", dead_code_elimination),
+                   ("dedupe", dedupe_constants)]
+    elif options.precompute:
+        passes.append(("fold", fold))
     g = run_passes(graph, passes, report)
     report.nodes_after = len(g.nodes)
     return g, report
