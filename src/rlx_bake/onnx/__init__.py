@@ -4,8 +4,8 @@ Initializers become params with their weights (so the bake specializes, folds an
 Constant nodes become constants; `dim_param` becomes a symbolic dim. Shape-like operands given
 as inputs in newer opsets (Reshape/Slice/Pad/Squeeze/Unsqueeze/ReduceX/Clip/Split/...) are read at
 import time when they are constants and become attrs. External-data tensors are memory-mapped
-from their files (never copied twice). Every unsupported op is reported in one error.
-Needs the `onnx` extra.
+from their files (never copied twice), which must lie inside the model's folder (external_data.py).
+Every unsupported op is reported in one error. Needs the `onnx` extra.
 """
 
 from .importer import import_onnx

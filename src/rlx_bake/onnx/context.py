@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import math
 import mmap
 from collections.abc import Callable
 from pathlib import Path
@@ -14,11 +13,12 @@ from rlx_format.dtypes import f32_to_bf16
 from rlx_format.errors import RlxError
 from rlx_format.graph import Node
 
+from . import external_data
+
 
 try:
     import onnx
     from onnx import numpy_helper
-    from onnx.external_data_helper import ExternalDataInfo
 except ImportError:  # pragma: no cover - exercised only without the extra
     onnx = None
 
@@ -30,17 +30,18 @@ class Unsupported(Exception):
 
 
 class _Ctx:
-    def __init__(self, model, base_dir: Path):
+    def __init__(self, model, source: Path):
         self.model = model
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
-        self.base_dir = base_dir
+        self.source = source
+        self.base_dir = source.parent
         self.nodes: list[Node] = []
         self.consts: dict[str, np.ndarray] = {}   # Constant nodes and folded helper constants
         self.inits: dict[str, np.ndarray] = {}    # initializers (become params)
         self.init_dtype: dict[str, str] = {}
         self.types: dict[str, tuple[str, tuple]] = {}
         self.names: set[str] = set()
-        self._mmaps: dict[str, mmap.mmap] = {}
+        self._mmaps: dict[str, mmap.mmap | None] = {}  # real path -> map (None: empty file)
         self._n = 0
 
     # -- values
@@ -86,30 +87,34 @@ class _Ctx:
 
     # -- tensors
     def tensor(self, t) -> np.ndarray:
+        """An initializer's value (bf16 as its uint16 bits); external data is read from inside the model's folder."""
         if t.data_location == onnx.TensorProto.EXTERNAL:
-            info = ExternalDataInfo(t)
-            path = (self.base_dir / info.location).resolve()
-            if not path.is_file():
-                raise RlxError(f"initializer {t.name!r}: external data file {info.location} not found next to "
-                               "the model")
-            mm = self._mmaps.get(str(path))
-            if mm is None:
-                with open(path, "rb") as f:
-                    mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-                self._mmaps[str(path)] = mm
-            dt = _DTYPES.get(t.data_type)
-            if dt is None:
-                raise RlxError(f"initializer {t.name!r}: unsupported ONNX data type {t.data_type}")
-            np_dt = np.dtype(np.uint16 if dt == "bf16" else helper_np(t.data_type)).newbyteorder("<")
-            count = math.prod(t.dims)
-            off = info.offset or 0
-            if info.length is not None and info.length != count * np_dt.itemsize:
-                raise RlxError(f"initializer {t.name!r}: external length {info.length} != {count * np_dt.itemsize}")
-            return np.frombuffer(mm, np_dt, count=count, offset=off).reshape(tuple(t.dims))  # zero-copy
+            return self._external(t, f"initializer {t.name!r}")
         arr = numpy_helper.to_array(t)
         if t.data_type == 16:  # bf16 arrives widened to float32 by some onnx versions
             arr = f32_to_bf16(arr) if arr.dtype == np.float32 else arr.view(np.uint16)
         return arr
+
+    def attr_tensor(self, t, what: str) -> np.ndarray:
+        """A tensor attribute's value (Constant, ConstantOfShape), external data read like an initializer's."""
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            return self._external(t, what)
+        return numpy_helper.to_array(t)
+
+    def _external(self, t, what: str) -> np.ndarray:
+        what = f"{self.source}: {what}"
+        dt = _DTYPES.get(t.data_type)
+        if dt is None:
+            raise RlxError(f"{what}: unsupported ONNX data type {t.data_type} for external data")
+        dims = tuple(int(d) for d in t.dims)
+        if any(d < 0 for d in dims):
+            raise RlxError(f"{what}: negative dimension in shape {list(dims)}")
+        np_dt = np.dtype(np.uint16 if dt == "bf16" else helper_np(t.data_type)).newbyteorder("<")
+        location, offset, length = external_data.external_info(t, what)
+        target = external_data.confined_path(self.base_dir, location, what)  # refuses before any stat/open
+        if target not in self._mmaps:
+            self._mmaps[target] = external_data.open_mapped(target, location, what)
+        return external_data.view(self._mmaps[target], np_dt, dims, offset, length, location, what)
 
 
 def helper_np(elem_type: int):

@@ -46,7 +46,7 @@ def import_onnx(path: str | os.PathLike) -> tuple[Graph, WeightSet]:
         inferred = onnx.shape_inference.infer_shapes(model)
     except Exception:  # noqa: BLE001 - inference is only a helper for ranks
         inferred = model
-    ctx = _Ctx(model, path.parent)
+    ctx = _Ctx(model, path)
     g = model.graph
     for vi in list(inferred.graph.value_info) + list(g.input) + list(g.output):
         t = _value_type(vi)

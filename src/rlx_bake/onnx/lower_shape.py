@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .context import _attr_copy, _axes_from, _direct, _DTYPES, LOWER, numpy_helper, Unsupported
+from .context import _attr_copy, _axes_from, _direct, _DTYPES, LOWER, Unsupported
 
 
 LOWER["Transpose"] = _attr_copy("Transpose", ["perm"])
@@ -166,7 +166,8 @@ LOWER["Tile"] = _shape_arg_op("Tile", "repeats")
 
 def _constant_of_shape(ctx, n, a):
     t = a.get("value")
-    val = numpy_helper.to_array(t) if t is not None else np.zeros(1, np.float32)
+    what = f"ConstantOfShape node {n.name or n.output[0]!r}"
+    val = ctx.attr_tensor(t, what) if t is not None else np.zeros(1, np.float32)
     dt = _DTYPES.get(t.data_type, "f32") if t is not None else "f32"
     v = ctx.value(n.input[0])
     attrs = {"value": float(val.reshape(-1)[0]), "dtype": dt}
@@ -245,7 +246,7 @@ LOWER["Upsample"] = _upsample
 
 def _constant(ctx, n, a):
     if "value" in a:
-        arr = numpy_helper.to_array(a["value"])
+        arr = ctx.attr_tensor(a["value"], f"Constant node {n.name or n.output[0]!r}")
     elif "value_float" in a:
         arr = np.array(a["value_float"], np.float32)
     elif "value_floats" in a:
