@@ -25,7 +25,7 @@ def main() -> int:
     seeds = {"read_rlx": ft.seed_rlx(), "sealed": ft.seed_sealed(), "safetensors": ft.seed_safetensors(),
              "graph_json": ft.seed_graph().to_dict(), "onnx": ft.seed_onnx()}
     targets = {"read_rlx": ft.target_read_rlx, "sealed": ft.target_sealed, "safetensors": ft.target_safetensors,
-               "graph_json": ft.target_graph_json, "onnx": ft.target_onnx}
+               "graph_json": ft.target_graph_json, "graph_ops": ft.target_graph_lifecycle, "onnx": ft.target_onnx}
     total = 0
     for name, target in targets.items():
         rng = np.random.default_rng(seed)
@@ -36,6 +36,8 @@ def main() -> int:
                 case = seeds[name]
                 for _ in range(int(rng.integers(1, 4))):
                     case = ft.mutate_json(case, rng)
+            elif name == "graph_ops":  # one random op with edge-value inputs and attrs, loaded, written, run
+                case = ft.random_op_doc(rng)
             elif rng.random() < 0.1:
                 case = bytes(rng.integers(0, 256, int(rng.integers(0, 256)), dtype=np.uint8))
             else:

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fuzz_targets import (mutate, mutate_json, seed_graph, seed_onnx, seed_rlx, seed_safetensors, seed_sealed,
-                          target_graph_json, target_onnx, target_read_rlx, target_safetensors, target_sealed)
+from fuzz_targets import (mutate, mutate_json, random_op_doc, seed_graph, seed_onnx, seed_rlx, seed_safetensors,
+                          seed_sealed, target_graph_json, target_graph_lifecycle, target_onnx, target_read_rlx,
+                          target_safetensors, target_sealed)
 
 BUDGET = settings(max_examples=int(os.environ.get("RLX_FUZZ_EXAMPLES", "150")), deadline=None,
                   suppress_health_check=[HealthCheck.too_slow])
@@ -45,6 +46,14 @@ def test_graph_json_mutated(seed):
     for _ in range(int(rng.integers(1, 4))):
         doc = mutate_json(doc, rng)
     target_graph_json(doc)
+
+
+@BUDGET
+@given(st.integers(0, 2**32 - 1))
+def test_graph_random_op_lifecycle(seed):
+    """One op with edge-value inputs/attrs/names: refused with an RlxError, or loads, writes, re-reads and
+    runs to outputs of the inferred shapes."""
+    target_graph_lifecycle(random_op_doc(np.random.default_rng(seed)))
 
 
 @BUDGET

@@ -33,3 +33,15 @@ class QuantError(RlxError):
 
 class RuntimeInputError(RlxError):
     """A run() / set_param() argument does not match the compiled graph."""
+
+
+def brief(v: object, limit: int = 80) -> str:
+    """repr(v) for an error message, cut to `limit` characters. Never raises: Python refuses to print
+    integers of more than 4300 digits, which a hostile document can hold."""
+    if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 256:
+        return f"an integer of about {int(v.bit_length() * 0.30103) + 1} digits"
+    try:
+        text = repr(v)
+    except ValueError:  # a huge integer somewhere inside a container
+        return f"a {type(v).__name__} holding an integer too long to print"
+    return text if len(text) <= limit else text[:limit - 3] + "..."

@@ -12,6 +12,7 @@ import difflib
 import heapq
 import json
 import os
+import re
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -22,8 +23,9 @@ import numpy as np
 
 from .constants import MAX_DIM, MAX_NODES, MAX_RANK, MAX_STR
 from .dtypes import NUMPY_DTYPES, bf16_to_f32, check_dtype, f32_to_bf16
-from .errors import GraphError
+from .errors import GraphError, brief
 from .ops import LEAF_OPS, OPS, InferCtx, TensorType, normalize_attrs
+from .ops.core import INT64_MAX, INT64_MIN
 
 FORMAT_NAME = "rlx.graph"
 GRAPH_VERSION_MAJOR = 1
@@ -116,9 +118,10 @@ class Graph:
         """Check names, ops, attrs, arity, acyclicity and infer every type. Sorts nodes."""
         seen: dict[str, str] = {}
 
+        check_name(self.name, "graph name", empty_ok=True)
+
         def declare(name: object, what: str) -> None:
-            if not isinstance(name, str) or not name:
-                raise GraphError(f"{what}: name must be a non-empty string; got {name!r}")
+            check_name(name, what)
             if name in seen:
                 raise GraphError(f"duplicate name {name!r}: declared as {seen[name]} and as {what}")
             seen[name] = what
@@ -157,6 +160,7 @@ class Graph:
         for n in self.nodes:
             ctx = InferCtx(n.name, n.op, [types[i] for i in n.inputs], n.attrs, [consts.get(i) for i in n.inputs])
             t = OPS[n.op].infer(ctx)
+            _check_inferred(t, n)
             types[n.name] = t
             if n.op == "Shape" and ctx.inputs[0].is_static():
                 consts[n.name] = np.array(ctx.inputs[0].shape, dtype=np.int64)
@@ -221,18 +225,24 @@ class Graph:
                 raise GraphError(f"{p}: no such file; expected a graph.json path") from None
             except (OSError, UnicodeDecodeError) as e:
                 raise GraphError(f"{p}: cannot read as UTF-8 text ({e})") from None
+            except ValueError as e:  # a NUL or lone surrogate cannot be in a path
+                raise GraphError(f"{brief(text)}: not a usable path ({e}); expected a graph.json path or "
+                                 "JSON text") from None
         try:
             d = json.loads(text)
         except json.JSONDecodeError as e:
             raise GraphError(f"{where}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
         except RecursionError:
             raise GraphError(f"{where}: JSON nested too deeply") from None
+        except ValueError as e:  # Python refuses integer literals over 4300 digits
+            raise GraphError(f"{where}: a number in the JSON cannot be read ({e}); integers MUST fit int64") from None
         return cls.from_dict(d)
 
     @classmethod
     def from_dict(cls, d: Any) -> Graph:
         if not isinstance(d, dict):
             raise GraphError(f"graph must be a JSON object; got {type(d).__name__}")
+        _check_document(d)
         if d.get("format") != FORMAT_NAME:
             raise GraphError(f"'format' is {d.get('format')!r}; expected {FORMAT_NAME!r}")
         major, minor = _parse_version(d.get("version"))
@@ -264,6 +274,78 @@ class Graph:
 
 # ---------------------------------------------------------------------- helpers
 
+# C0/C1 control characters (NUL, newline, ...) and lone surrogates, which cannot be encoded as UTF-8
+_BAD_NAME_CHAR = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def check_name(name: object, what: str, empty_ok: bool = False) -> str:
+    """Names (values, symbolic dims, the graph): strings of 1..MAX_STR characters, no control characters,
+    no lone surrogates (spec/graph-json.md, Names)."""
+    if not isinstance(name, str) or not (name or empty_ok) or len(name) > MAX_STR:
+        raise GraphError(f"{what}: name must be a non-empty string of at most {MAX_STR} characters; "
+                         f"got {brief(name)}")
+    bad = _BAD_NAME_CHAR.search(name)
+    if bad:
+        raise GraphError(f"{what}: name {brief(name)} contains {bad.group()!r} at position {bad.start()}; "
+                         "expected no control characters or lone surrogates")
+    return name
+
+
+def _check_document(d: dict) -> None:
+    """Document-wide number and string rules, before any field is read (spec/graph-json.md, Numbers and
+    strings): integers fit int64, no string or key holds a lone surrogate. Iterative: no depth limit."""
+    stack: list[tuple[tuple, Any]] = [((), d)]
+    while stack:
+        path, v = stack.pop()
+        bad = None
+        if isinstance(v, int) and not isinstance(v, bool):
+            if not INT64_MIN <= v <= INT64_MAX:
+                bad = (f"{brief(v)} does not fit int64; expected integers in -2^63..2^63-1 (a float needs a "
+                       "decimal point or an exponent)")
+        elif isinstance(v, str):
+            if not v.isascii() and _SURROGATE.search(v):
+                bad = f"{brief(v)} holds a lone surrogate, which UTF-8 cannot encode"
+        elif isinstance(v, dict):
+            for k, e in v.items():
+                if isinstance(k, str) and not k.isascii() and _SURROGATE.search(k):
+                    path, bad = (*path, k), f"key {brief(k)} holds a lone surrogate, which UTF-8 cannot encode"
+                    break
+                stack.append(((*path, k), e))
+        elif isinstance(v, list) and not all(type(e) is float or type(e) is int and INT64_MIN <= e <= INT64_MAX
+                                             for e in v):  # plain number lists (constant data) need no walk
+            stack.extend(((*path, i), e) for i, e in enumerate(v))
+        if bad:
+            raise GraphError(f"{_json_path(d, path)}: {bad}")
+
+
+def _json_path(d: dict, path: tuple) -> str:
+    """`nodes[3] 'y': attrs.alpha`-style location of a value in a graph document."""
+    head, rest = "graph", path
+    if len(path) >= 2 and isinstance(path[1], int):
+        head = f"{path[0]}[{path[1]}]"
+        name = d[path[0]][path[1]].get("name") if isinstance(d[path[0]][path[1]], dict) else None
+        if isinstance(name, str) and path[2:] != ("name",):
+            head += f" {brief(name)}"
+        rest = path[2:]
+    elif path:
+        head, rest = str(path[0]), path[1:]
+    tail = "".join(f"[{k}]" if isinstance(k, int) else f".{k}" if isinstance(k, str) and k.isidentifier()
+                   else f"[{brief(k)}]" for k in rest)
+    return head + (f" {tail.lstrip('.')}" if tail else "")
+
+
+def _check_inferred(t: TensorType, n: Node) -> None:
+    """Every inferred shape obeys the limits of a declared one: a negative dim (Tile by -1, ConvTranspose
+    over-padded) or a huge one must fail here, not at run time."""
+    if t.rank > MAX_RANK:
+        raise GraphError(f"node {n.name!r} ({n.op}): output rank {t.rank} exceeds the cap of {MAX_RANK}")
+    for d in t.shape:
+        if isinstance(d, int) and not 0 <= d <= MAX_DIM:
+            raise GraphError(f"node {n.name!r} ({n.op}): inferred output shape {brief(list(t.shape))} has dim "
+                             f"{brief(d)}; expected dims in 0..{MAX_DIM} (check the attrs and constant inputs "
+                             "that size it)")
+
 
 def _dump_compact(d: dict) -> str:
     """One list entry per line: diff-friendly and still plain JSON."""
@@ -289,7 +371,7 @@ def _parse_version(v: Any) -> tuple[int, int]:
         raise GraphError(f"'version' is {v!r}; expected {GRAPH_VERSION_MAJOR} or \"{GRAPH_VERSION_MAJOR}.N\"")
     if isinstance(v, int):
         major, minor = v, 0
-    elif isinstance(v, str) and v.count(".") == 1 and all(p.isdigit() for p in v.split(".")):
+    elif isinstance(v, str) and re.fullmatch(r"[0-9]{1,9}\.[0-9]{1,9}", v):
         major, minor = (int(p) for p in v.split("."))
     else:
         raise GraphError(f"'version' is {v!r}; expected {GRAPH_VERSION_MAJOR} or \"{GRAPH_VERSION_MAJOR}.N\"")
@@ -305,10 +387,11 @@ def _check_shape(shape: Any, where: str) -> tuple:
     if len(shape) > MAX_RANK:
         raise GraphError(f"{where}: rank {len(shape)} exceeds the cap of {MAX_RANK}")
     for d in shape:
-        ok = (isinstance(d, (int, np.integer)) and not isinstance(d, bool) and 0 <= d <= MAX_DIM) or (
-            isinstance(d, str) and 0 < len(d) <= MAX_STR)
-        if not ok:
-            raise GraphError(f"{where}: dim {d!r} in shape {list(shape)}; expected a non-negative int or a name")
+        if isinstance(d, str):
+            check_name(d, f"{where}: symbolic dim")
+        elif not (isinstance(d, (int, np.integer)) and not isinstance(d, bool) and 0 <= d <= MAX_DIM):
+            raise GraphError(f"{where}: dim {brief(d)} in shape {brief(list(shape))}; expected an int in "
+                             f"0..{MAX_DIM} or a name")
     return tuple(int(d) if not isinstance(d, str) else d for d in shape)
 
 
@@ -332,9 +415,7 @@ def _entry(e: Any, section: str, i: int, keys: Iterable[str]) -> dict:
     missing = [k for k in keys if k not in e]
     if missing:
         raise GraphError(f"{section}[{i}] ({e.get('name', '?')!r}) is missing {missing}")
-    if not isinstance(e["name"], str) or not e["name"] or len(e["name"]) > MAX_STR:
-        raise GraphError(f"{section}[{i}]: name must be a non-empty string of at most {MAX_STR} characters; "
-                         f"got {e['name']!r:.80}")
+    check_name(e["name"], f"{section}[{i}]")
     return e
 
 

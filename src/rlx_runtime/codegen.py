@@ -76,5 +76,6 @@ def generate(plan) -> tuple[object, dict[int, int]]:
             loaded.add(s)
     lines.append("    return [" + ", ".join(f"v{s}" for _, s in plan.output_slots) + "]")
     src = "\n".join(lines) + "\n"
-    exec(compile(src, f"<rlx plan {g.name}>", "exec"), ns)  # noqa: S102 - our own generated code
+    # the name is quoted: compile() refuses a NUL in the filename, and names reach only this string
+    exec(compile(src, f"<rlx plan {g.name!r}>", "exec"), ns)  # noqa: S102 - our own generated code
     return ns["_run"], line_step

@@ -7,9 +7,9 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import DTYPES
-from ..errors import GraphError
+from ..errors import GraphError, brief
 
-from .core import Attr, OpSpec, REQUIRED, _float_unary, _numeric_unary, _same
+from .core import INT64_MAX, INT64_MIN, REQUIRED, Attr, OpSpec, _float_unary, _numeric_unary, _same
 from .infer_elementwise import _argreduce, _arith, _axis_same, _cast, _clip, _compare, _logic, _not, _reduce, _where
 from .infer_nn import (
     QUANT_BLOCKS, _batchnorm, _conv, _conv_transpose, _dequant_gather, _dequant_matmul, _dequantize,
@@ -44,7 +44,7 @@ _reg("Elu", 1, _float_unary, {"alpha": Attr("float", 1.0)})
 _reg("Selu", 1, _float_unary, {"alpha": Attr("float", 1.6732632423543772),
                                "gamma": Attr("float", 1.0507009873554805)})
 _reg("Gelu", 1, _float_unary, {"approximate": Attr("str", "none", ("none", "tanh"))})
-_reg("Clip", (1, 3), _clip, {"min": Attr("float", None), "max": Attr("float", None)})
+_reg("Clip", (1, 3), _clip, {"min": Attr("float", None, nonfinite=True), "max": Attr("float", None, nonfinite=True)})
 _reg("Cast", 1, _cast, {"to": Attr("dtype")})
 _reg("Not", 1, _not)
 for _n in ["Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"]:
@@ -64,63 +64,68 @@ for _n in ["Softmax", "LogSoftmax"]:
     _reg(_n, 1, _axis_same, {"axis": Attr("int", -1)})
 _reg("CumSum", 1, _axis_same, {"axis": Attr("int", 0), "exclusive": Attr("int", 0, (0, 1)),
                                "reverse": Attr("int", 0, (0, 1))})
-_reg("Reshape", (1, 2), _reshape, {"shape": Attr("ints", None)})
+_reg("Reshape", (1, 2), _reshape, {"shape": Attr("ints", None, lo=-1)})
 _reg("Transpose", 1, _transpose, {"perm": Attr("ints", None)})
 _reg("Concat", (1, 1 << 16), _concat, {"axis": Attr("int")})
 _reg("Slice", 1, _slice, {"starts": Attr("ints"), "ends": Attr("ints"), "axes": Attr("ints", None),
                           "steps": Attr("ints", None)})
 _reg("Gather", 2, _gather, {"axis": Attr("int", 0)})
-_reg("Expand", (1, 2), _expand, {"shape": Attr("ints", None)})
-_reg("Tile", (1, 2), _tile, {"repeats": Attr("ints", None)})
+_reg("Expand", (1, 2), _expand, {"shape": Attr("ints", None, lo=0)})
+_reg("Tile", (1, 2), _tile, {"repeats": Attr("ints", None, lo=0)})
 _reg("Squeeze", 1, _squeeze, {"axes": Attr("ints", None)})
 _reg("Unsqueeze", 1, _unsqueeze, {"axes": Attr("ints")})
 _reg("Flatten", 1, _flatten, {"axis": Attr("int", 1)})
 _reg("Pad", 1, _pad, {"pads": Attr("ints"), "mode": Attr("str", "constant", ("constant", "reflect", "edge")),
-                      "value": Attr("float", 0.0)})
+                      "value": Attr("float", 0.0, nonfinite=True)})
 _reg("Shape", 1, _shape)
 _reg("Range", 3, _range)
-_reg("ConstantOfShape", (0, 1), _constant_of_shape, {"shape": Attr("ints", None), "value": Attr("float", 0.0),
+_reg("ConstantOfShape", (0, 1), _constant_of_shape, {"shape": Attr("ints", None, lo=0),
+                                                     "value": Attr("float", 0.0, nonfinite=True),
                                                      "dtype": Attr("dtype", "f32")})
-_reg("DepthToSpace", 1, _depth_to_space, {"blocksize": Attr("int"), "mode": Attr("str", "DCR", ("DCR", "CRD"))})
+_reg("DepthToSpace", 1, _depth_to_space, {"blocksize": Attr("int", lo=1), "mode": Attr("str", "DCR", ("DCR", "CRD"))})
 _reg("MatMul", 2, _matmul)
-_CONV_ATTRS = {"strides": Attr("ints", None), "pads": Attr("ints", None), "dilations": Attr("ints", None),
-               "group": Attr("int", 1)}
+_CONV_ATTRS = {"strides": Attr("ints", None, lo=1), "pads": Attr("ints", None, lo=0),
+               "dilations": Attr("ints", None, lo=1), "group": Attr("int", 1, lo=1)}
 _reg("Conv", (2, 3), _conv, dict(_CONV_ATTRS))
-_reg("ConvTranspose", (2, 3), _conv_transpose, {**_CONV_ATTRS, "output_padding": Attr("ints", None)})
-_POOL_ATTRS = {"kernel_shape": Attr("ints"), "strides": Attr("ints", None), "pads": Attr("ints", None),
+_reg("ConvTranspose", (2, 3), _conv_transpose, {**_CONV_ATTRS, "output_padding": Attr("ints", None, lo=0)})
+_POOL_ATTRS = {"kernel_shape": Attr("ints", lo=1), "strides": Attr("ints", None, lo=1),
+               "pads": Attr("ints", None, lo=0),
                "ceil_mode": Attr("int", 0, (0, 1))}
-_reg("MaxPool", 1, _pool, {**_POOL_ATTRS, "dilations": Attr("ints", None)})
+_reg("MaxPool", 1, _pool, {**_POOL_ATTRS, "dilations": Attr("ints", None, lo=1)})
 _reg("AveragePool", 1, _pool, {**_POOL_ATTRS, "count_include_pad": Attr("int", 0, (0, 1))})
 _reg("GlobalAveragePool", 1, _global_pool)
-_reg("BatchNormalization", 5, _batchnorm, {"epsilon": Attr("float", 1e-5)})
-_reg("LayerNorm", (2, 3), _norm_last, {"axis": Attr("int", -1), "epsilon": Attr("float", 1e-5)})
-_reg("RMSNorm", 2, _norm_last, {"axis": Attr("int", -1), "epsilon": Attr("float", 1e-6)})
-_reg("GroupNorm", 3, _groupnorm, {"num_groups": Attr("int"), "epsilon": Attr("float", 1e-5)})
+_reg("BatchNormalization", 5, _batchnorm, {"epsilon": Attr("float", 1e-5, lo=0.0)})
+_reg("LayerNorm", (2, 3), _norm_last, {"axis": Attr("int", -1), "epsilon": Attr("float", 1e-5, lo=0.0)})
+_reg("RMSNorm", 2, _norm_last, {"axis": Attr("int", -1), "epsilon": Attr("float", 1e-6, lo=0.0)})
+_reg("GroupNorm", 3, _groupnorm, {"num_groups": Attr("int", lo=1), "epsilon": Attr("float", 1e-5, lo=0.0)})
 _reg("ScaledDotProductAttention", (3, 4), _sdpa, {"causal": Attr("int", 0, (0, 1)), "scale": Attr("float", None)})
 _ENC = tuple(QUANT_BLOCKS)
-_reg("Dequantize", 1, _dequantize, {"encoding": Attr("str", REQUIRED, _ENC), "shape": Attr("ints")})
-_reg("DequantMatMul", 2, _dequant_matmul, {"encoding": Attr("str", REQUIRED, _ENC), "N": Attr("int"),
-                                           "K": Attr("int")})
-_reg("DequantGather", 2, _dequant_gather, {"encoding": Attr("str", REQUIRED, _ENC), "N": Attr("int"),
-                                           "K": Attr("int")})
+_reg("Dequantize", 1, _dequantize, {"encoding": Attr("str", REQUIRED, _ENC), "shape": Attr("ints", lo=0)})
+_reg("DequantMatMul", 2, _dequant_matmul, {"encoding": Attr("str", REQUIRED, _ENC), "N": Attr("int", lo=0),
+                                           "K": Attr("int", lo=0)})
+_reg("DequantGather", 2, _dequant_gather, {"encoding": Attr("str", REQUIRED, _ENC), "N": Attr("int", lo=0),
+                                           "K": Attr("int", lo=0)})
 _reg("Einsum", (1, 8), _einsum, {"equation": Attr("str")})
 _REDUCTIONS = ("none", "add", "mul", "max", "min")
 _reg("ScatterND", 3, _scatter_nd, {"reduction": Attr("str", "none", _REDUCTIONS)})
 _reg("ScatterElements", 3, _scatter_elements, {"axis": Attr("int", 0), "reduction": Attr("str", "none", _REDUCTIONS)})
-_reg("TopK", 1, _topk, {"k": Attr("int"), "axis": Attr("int", -1), "largest": Attr("int", 1, (0, 1)),
+_reg("TopK", 1, _topk, {"k": Attr("int", lo=0), "axis": Attr("int", -1), "largest": Attr("int", 1, (0, 1)),
                         "output": Attr("str", "values", ("values", "indices"))})
 _reg("Trilu", 1, _trilu, {"upper": Attr("int", 1, (0, 1)), "k": Attr("int", 0)})
 _reg("GatherElements", 2, _gather_elements, {"axis": Attr("int", 0)})
 _reg("Resize", 1, _resize, {
-    "scales": Attr("floats", None), "sizes": Attr("ints", None),
+    "scales": Attr("floats", None), "sizes": Attr("ints", None, lo=1),
     "mode": Attr("str", "nearest", ("nearest", "linear")),
     "coordinate_transformation_mode": Attr("str", "half_pixel",
                                            ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")),
     "nearest_mode": Attr("str", "round_prefer_floor", ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil"))})
-_reg("RandomNormal", 0, _random, {"shape": Attr("ints"), "mean": Attr("float", 0.0), "scale": Attr("float", 1.0),
-                                  "seed": Attr("int", 0), "dtype": Attr("dtype", "f32")}, kind="random")
-_reg("RandomUniform", 0, _random, {"shape": Attr("ints"), "low": Attr("float", 0.0), "high": Attr("float", 1.0),
-                                   "seed": Attr("int", 0), "dtype": Attr("dtype", "f32")}, kind="random")
+_SEED = Attr("int", 0, lo=0)  # numpy's SeedSequence takes non-negative ints; int64 bounds the top
+_reg("RandomNormal", 0, _random, {"shape": Attr("ints", lo=0), "mean": Attr("float", 0.0),
+                                  "scale": Attr("float", 1.0), "seed": _SEED, "dtype": Attr("dtype", "f32")},
+     kind="random")
+_reg("RandomUniform", 0, _random, {"shape": Attr("ints", lo=0), "low": Attr("float", 0.0),
+                                   "high": Attr("float", 1.0), "seed": _SEED, "dtype": Attr("dtype", "f32")},
+     kind="random")
 
 LEAF_OPS = ("Input", "Param", "Constant")
 RANDOM_OPS = frozenset(n for n, s in OPS.items() if s.kind == "random")
@@ -149,26 +154,53 @@ def _is_int(v) -> bool:
     return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool)
+
+
 def _check_attr(v, a: Attr, where: str):
     if v is None and a.default is None:
         return None
     ok = True
     if a.kind == "int":
         ok = _is_int(v) or isinstance(v, bool)
-        v = int(v) if ok else v
     elif a.kind == "float":
-        ok = isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool)
-        v = float(v) if ok else v
+        ok = _is_number(v)
     elif a.kind == "str":
         ok = isinstance(v, str)
     elif a.kind == "dtype":
         ok = v in DTYPES
     elif a.kind in ("ints", "floats"):
-        ok = isinstance(v, (list, tuple)) and all(
-            _is_int(e) if a.kind == "ints" else isinstance(e, (int, float)) and not isinstance(e, bool) for e in v)
-        v = [int(e) if a.kind == "ints" else float(e) for e in v] if ok else v
+        ok = isinstance(v, (list, tuple)) and all(_is_int(e) if a.kind == "ints" else _is_number(e) for e in v)
     if not ok:
-        raise GraphError(f"{where} has value {v!r}; expected {a.kind}")
+        raise GraphError(f"{where} has value {brief(v)}; expected {a.kind}")
+    if a.kind in ("int", "ints", "float", "floats"):
+        v = _check_numbers(v, a, where)
     if a.choices and v not in a.choices:
         raise GraphError(f"{where} is {v!r}; expected one of {list(a.choices)}")
     return v
+
+
+def _check_numbers(v, a: Attr, where: str):
+    """Convert to int/float (lists entry by entry) and apply the schema's range rules."""
+    many = a.kind in ("ints", "floats")
+    vals = list(v) if many else [v]
+    out: list = []
+    for e in vals:
+        if a.kind.startswith("int"):
+            e = int(e)
+            if not INT64_MIN <= e <= INT64_MAX:
+                raise GraphError(f"{where} holds {brief(e)}; expected an integer that fits int64")
+        else:
+            try:
+                e = float(e)
+            except OverflowError:  # an integer literal beyond float64 (JSON 10**400)
+                raise GraphError(f"{where} holds {brief(e)}, beyond the float64 range; expected a finite "
+                                 "float") from None
+            if not a.nonfinite and not np.isfinite(e):
+                raise GraphError(f"{where} holds {e}; expected a finite float")
+        if a.lo is not None and e < a.lo:
+            got = brief(list(v)) if many else repr(e)
+            raise GraphError(f"{where} is {got}; expected {'every entry ' if many else ''}>= {a.lo}")
+        out.append(e)
+    return out if many else out[0]

@@ -34,11 +34,20 @@ class TensorType:
 REQUIRED = object()
 
 
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
 @dataclass(frozen=True)
 class Attr:
-    kind: str  # int | float | bool | str | ints | floats | dtype | shape
+    """An attr's schema. Every int (and entry of ints) MUST fit int64 and be >= lo; every float (and entry
+    of floats) MUST be finite and >= lo, unless `nonfinite` (fill values, clip bounds: inf and NaN mean
+    something there)."""
+
+    kind: str  # int | float | str | ints | floats | dtype
     default: Any = REQUIRED
     choices: tuple = ()
+    lo: int | float | None = None
+    nonfinite: bool = False
 
 
 @dataclass(frozen=True)
@@ -72,9 +81,12 @@ class InferCtx:
         return self.consts[i] if i < len(self.consts) else None
 
     def axis(self, axis: int, rank: int, what: str = "axis") -> int:
-        if not -rank <= axis < max(rank, 1):
+        """Normalize an axis of a rank-`rank` operand; a rank-0 operand has no axis to name."""
+        if rank == 0:
+            raise self.fail(f"{what} {axis} given for a rank-0 (scalar) input; expected an input of rank >= 1")
+        if not -rank <= axis < rank:
             raise self.fail(f"{what} {axis} out of range for rank {rank}; expected -{rank} <= {what} < {rank}")
-        return axis % rank if rank else 0
+        return axis % rank
 
 
 # ---------------------------------------------------------------------------- helpers

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from ..dtypes import FLOAT_DTYPES
 from .core import (
     Dim, InferCtx, Shape, TensorType, _require_float, _same_dtypes, broadcast_shapes, dims_equal_or_symbolic,
@@ -38,9 +40,7 @@ def _spatial_attrs(ctx: InferCtx, nsp: int, kernel: Shape) -> tuple[list, list, 
         raise ctx.fail(
             f"strides/dilations need {nsp} entries and pads {2 * nsp}; got {strides}, {dil}, {pads}"
         )
-    if any(s <= 0 for s in strides) or any(d <= 0 for d in dil):
-        raise ctx.fail("strides and dilations must be positive")
-    return strides, dil, pads
+    return strides, dil, pads  # positivity: the catalogue's attr schema
 
 
 def window_count(d: int, k: int, s: int, dl: int, pb: int, pe: int, ceil_mode: bool = False) -> int:
@@ -71,6 +71,8 @@ def _conv_operands(ctx: InferCtx):
     if x.rank not in (3, 4, 5) or w.rank != x.rank:
         raise ctx.fail(f"input rank {x.rank}, weight rank {w.rank}; expected both 3, 4 or 5 (1-D/2-D/3-D)")
     nsp = x.rank - 2
+    if any(isinstance(k, int) and k < 1 for k in w.shape[2:]):
+        raise ctx.fail(f"weight shape {list(w.shape)} has an empty kernel; expected kernel dims >= 1")
     return (x, w, nsp, ctx.attrs["group"], *_spatial_attrs(ctx, nsp, w.shape[2:]))
 
 
@@ -78,6 +80,8 @@ def _conv(ctx: InferCtx) -> TensorType:
     x, w, nsp, g, strides, dil, pads = _conv_operands(ctx)
     if isinstance(x.shape[1], int) and isinstance(w.shape[1], int) and x.shape[1] != w.shape[1] * g:
         raise ctx.fail(f"input channels {x.shape[1]} != weight in-channels {w.shape[1]} x group {g}")
+    if isinstance(w.shape[0], int) and w.shape[0] % g:
+        raise ctx.fail(f"weight out-channels {w.shape[0]} not divisible by group {g}")
     if len(ctx.inputs) == 3 and ctx.inputs[2].shape not in ((w.shape[0],),) and isinstance(w.shape[0], int):
         raise ctx.fail(f"bias shape {list(ctx.inputs[2].shape)}; expected [{w.shape[0]}]")
     sp = [_pool_out(ctx, x.shape[2 + i], w.shape[2 + i], strides[i], dil[i], pads[i], pads[i + nsp])
@@ -88,8 +92,12 @@ def _conv(ctx: InferCtx) -> TensorType:
 def _conv_transpose(ctx: InferCtx) -> TensorType:
     x, w, nsp, g, strides, dil, pads = _conv_operands(ctx)
     op = ctx.attrs.get("output_padding") or [0] * nsp
+    if len(op) != nsp:
+        raise ctx.fail(f"output_padding {op} has {len(op)} entries; expected {nsp} (one per spatial axis)")
     if isinstance(x.shape[1], int) and isinstance(w.shape[0], int) and x.shape[1] != w.shape[0]:
         raise ctx.fail(f"input channels {x.shape[1]} != weight dim 0 {w.shape[0]}")
+    if isinstance(x.shape[1], int) and x.shape[1] % g:
+        raise ctx.fail(f"input channels {x.shape[1]} not divisible by group {g}")
     sp = []
     for i in range(nsp):
         d, k = x.shape[2 + i], w.shape[2 + i]
@@ -161,7 +169,7 @@ def _groupnorm(ctx: InferCtx) -> TensorType:
     g = ctx.attrs["num_groups"]
     if x.rank < 2:
         raise ctx.fail(f"input rank {x.rank}; expected >= 2")
-    if isinstance(x.shape[1], int) and (g <= 0 or x.shape[1] % g):
+    if isinstance(x.shape[1], int) and x.shape[1] % g:
         raise ctx.fail(f"channels {x.shape[1]} not divisible by num_groups {g}")
     _channel_params(ctx, 1, x.shape[1])
     return x
@@ -234,4 +242,6 @@ def _dequant_gather(ctx: InferCtx) -> TensorType:
 def _random(ctx: InferCtx) -> TensorType:
     if ctx.attrs["dtype"] not in FLOAT_DTYPES:
         raise ctx.fail(f"dtype {ctx.attrs['dtype']}; expected a float dtype")
+    if ctx.op == "RandomUniform" and not math.isfinite(ctx.attrs["high"] - ctx.attrs["low"]):
+        raise ctx.fail(f"high - low = {ctx.attrs['high']} - {ctx.attrs['low']} overflows; expected a finite span")
     return TensorType(ctx.attrs["dtype"], tuple(ctx.attrs["shape"]))

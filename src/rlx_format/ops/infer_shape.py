@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from ..constants import MAX_DIM
 from ..dtypes import INT_DTYPES
 from .core import Dim, InferCtx, TensorType, _require_float, _same_dtypes, broadcast_shapes, dims_equal_or_symbolic
 
@@ -131,11 +132,13 @@ def _slice(ctx: InferCtx) -> TensorType:
     steps = ctx.attrs["steps"] if ctx.attrs["steps"] is not None else [1] * len(starts)
     if not len(starts) == len(ends) == len(axes) == len(steps):
         raise ctx.fail("starts, ends, axes and steps must have the same length")
+    norm = [ctx.axis(a, x.rank) for a in axes]
+    if len(set(norm)) != len(norm):
+        raise ctx.fail(f"axes {axes} repeat an axis; expected each axis at most once")
     shape = list(x.shape)
-    for s, e, a, st in zip(starts, ends, axes, steps):
+    for s, e, a, st in zip(starts, ends, norm, steps):
         if st == 0:
             raise ctx.fail("slice step 0; expected a nonzero step")
-        a = ctx.axis(a, x.rank)
         d = shape[a]
         if isinstance(d, int):
             shape[a] = slice_dim(d, s, e, st)
@@ -165,10 +168,14 @@ def _expand(ctx: InferCtx) -> TensorType:
 def _tile(ctx: InferCtx) -> TensorType:
     x = ctx.inputs[0]
     reps = _shape_arg(ctx, "repeats", 1)
-    if isinstance(reps, int):
+    if isinstance(reps, int):  # a dynamic repeats input: only its length is known
+        if reps != x.rank:
+            raise ctx.fail(f"repeats input has {reps} entries; expected rank {x.rank}")
         return TensorType(x.dtype, tuple(ctx.fresh() for _ in range(x.rank)))
     if len(reps) != x.rank:
         raise ctx.fail(f"repeats {reps} has {len(reps)} entries; expected rank {x.rank}")
+    if any(r < 0 for r in reps):
+        raise ctx.fail(f"repeats {reps} has a negative entry; expected every entry >= 0")
     return TensorType(x.dtype, tuple(d * r if isinstance(d, int) else (d if r == 1 else ctx.fresh())
                                      for d, r in zip(x.shape, reps)))
 
@@ -240,9 +247,14 @@ def _range(ctx: InferCtx) -> TensorType:
     vals = [ctx.const(i) for i in range(3)]
     if all(v is not None for v in vals):
         s, l, d = (v.item() for v in vals)
+        if not all(math.isfinite(e) for e in (s, l, d)):
+            raise ctx.fail(f"start, limit, delta = {s}, {l}, {d}; expected finite values")
         if d == 0:
-            raise ctx.fail("delta is 0; expected a nonzero step")
-        return TensorType(dt, (max(int(math.ceil((l - s) / d)), 0),))
+            raise ctx.fail(f"delta is 0 (start {s}, limit {l}); expected a nonzero step")
+        n = (l - s) / d if isinstance(s, float) else -((s - l) // d)  # ints: exact ceil
+        if not n <= MAX_DIM:  # floats overflow to inf for large finite spans
+            raise ctx.fail(f"start, limit, delta = {s}, {l}, {d} give {n} elements; expected at most {MAX_DIM}")
+        return TensorType(dt, (max(math.ceil(n), 0),))
     return TensorType(dt, (ctx.fresh(),))
 
 
@@ -283,7 +295,7 @@ def parse_einsum(eq: str, ranks: list[int]) -> tuple[list[str], str]:
     ell = "".join(chr(ord("Z") - i) for i in range(n_ell))[::-1]
     out_terms = []
     for t, r in zip(terms, ranks):
-        if not all(ch.isalpha() and ch.islower() for ch in t.replace("...", "")):
+        if not all("a" <= ch <= "z" for ch in t.replace("...", "")):
             raise ValueError(f"operand subscripts {t!r} must be lower-case letters and '...'")
         if "..." in t:
             k = r - len(t.replace("...", ""))
@@ -293,7 +305,7 @@ def parse_einsum(eq: str, ranks: list[int]) -> tuple[list[str], str]:
         out_terms.append(t)
     if arrow:
         out = rhs.replace("...", ell)
-        if not all(ch.isalpha() for ch in out) or len(set(out)) != len(out):
+        if not all(ch.isascii() and ch.isalpha() for ch in out) or len(set(out)) != len(out):
             raise ValueError(f"output subscripts {rhs!r} must be distinct letters")
         if any(ch not in "".join(out_terms) for ch in out):
             raise ValueError(f"output subscripts {rhs!r} use a letter no operand has")
@@ -315,8 +327,16 @@ def _gather_elements(ctx: InferCtx) -> TensorType:
         raise ctx.fail(f"indices have dtype {idx.dtype}; expected i64 or i32")
     if idx.rank != x.rank:
         raise ctx.fail(f"indices rank {idx.rank}; expected the data rank {x.rank}")
-    ctx.axis(ctx.attrs["axis"], x.rank)
+    _index_fits(ctx, idx, x, ctx.axis(ctx.attrs["axis"], x.rank))
     return TensorType(x.dtype, idx.shape)
+
+
+def _index_fits(ctx: InferCtx, idx: TensorType, x: TensorType, ax: int) -> None:
+    """GatherElements/ScatterElements (ONNX, like torch.gather): off the axis, indices dims <= data dims."""
+    for j, (i, d) in enumerate(zip(idx.shape, x.shape)):
+        if j != ax and isinstance(i, int) and isinstance(d, int) and i > d:
+            raise ctx.fail(f"indices shape {list(idx.shape)} exceeds data shape {list(x.shape)} on axis {j}; "
+                           "expected indices dims <= data dims off the gather axis")
 
 
 def _scatter_nd(ctx: InferCtx) -> TensorType:
@@ -339,7 +359,9 @@ def _scatter_elements(ctx: InferCtx) -> TensorType:
         raise ctx.fail(f"indices have dtype {idx.dtype}; expected i64 or i32")
     if upd.dtype != x.dtype or idx.rank != x.rank or upd.rank != x.rank:
         raise ctx.fail("data, indices and updates must share a rank, and data/updates a dtype")
-    ctx.axis(ctx.attrs["axis"], x.rank)
+    if not all(dims_equal_or_symbolic(a, b) for a, b in zip(idx.shape, upd.shape)):
+        raise ctx.fail(f"updates shape {list(upd.shape)}; expected the indices shape {list(idx.shape)}")
+    _index_fits(ctx, idx, x, ctx.axis(ctx.attrs["axis"], x.rank))
     return x
 
 
@@ -349,7 +371,7 @@ def _topk(ctx: InferCtx) -> TensorType:
         raise ctx.fail("TopK of bool; expected a numeric dtype")
     ax = ctx.axis(ctx.attrs["axis"], x.rank)
     k = ctx.attrs["k"]
-    if k < 0 or (isinstance(x.shape[ax], int) and k > x.shape[ax]):
+    if isinstance(x.shape[ax], int) and k > x.shape[ax]:
         raise ctx.fail(f"k={k} is outside [0, {x.shape[ax]}] for axis {ax}")
     shape = x.shape[:ax] + (k,) + x.shape[ax + 1:]
     return TensorType("i64" if ctx.attrs["output"] == "indices" else x.dtype, shape)
@@ -381,13 +403,13 @@ def _resize(ctx: InferCtx) -> TensorType:
     n = len(scales if scales is not None else sizes)
     if n != x.rank:
         raise ctx.fail(f"{'scales' if scales is not None else 'sizes'} has {n} entries; expected rank {x.rank}")
-    if scales is not None:
+    if scales is not None:  # finite: the catalogue's attr schema; sizes >= 1 likewise
         if any(sc <= 0 for sc in scales):
             raise ctx.fail(f"scales {scales} must be positive")
+        if any(isinstance(d, int) and not d * sc <= MAX_DIM for d, sc in zip(x.shape, scales)):
+            raise ctx.fail(f"scales {scales} on shape {list(x.shape)} exceed the dim cap {MAX_DIM}")
         out = tuple(int(math.floor(d * sc)) if isinstance(d, int) else (d if sc == 1 else ctx.fresh())
                     for d, sc in zip(x.shape, scales))
     else:
-        if any(sz <= 0 for sz in sizes):
-            raise ctx.fail(f"sizes {sizes} must be positive")
         out = tuple(sizes)
     return TensorType(x.dtype, out)
