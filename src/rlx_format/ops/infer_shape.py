@@ -247,15 +247,32 @@ def _range(ctx: InferCtx) -> TensorType:
     vals = [ctx.const(i) for i in range(3)]
     if all(v is not None for v in vals):
         s, l, d = (v.item() for v in vals)
-        if not all(math.isfinite(e) for e in (s, l, d)):
-            raise ctx.fail(f"start, limit, delta = {s}, {l}, {d}; expected finite values")
-        if d == 0:
-            raise ctx.fail(f"delta is 0 (start {s}, limit {l}); expected a nonzero step")
-        n = (l - s) / d if isinstance(s, float) else -((s - l) // d)  # ints: exact ceil
-        if not n <= MAX_DIM:  # floats overflow to inf for large finite spans
+        try:
+            n = range_length(s, l, d)
+        except ValueError as e:
+            raise ctx.fail(str(e)) from None
+        if n > MAX_DIM:
             raise ctx.fail(f"start, limit, delta = {s}, {l}, {d} give {n} elements; expected at most {MAX_DIM}")
-        return TensorType(dt, (max(math.ceil(n), 0),))
+        return TensorType(dt, (n,))
     return TensorType(dt, (ctx.fresh(),))
+
+
+def range_length(start, limit, delta) -> int:
+    """Range's element count max(ceil((limit - start) / delta), 0): exact for integers (no float rounding
+    past 2^53); ValueError where it is undefined (a NaN/±Inf operand, delta 0). Load-time inference and the
+    run-time kernel both use it."""
+    if isinstance(start, int) and isinstance(limit, int) and isinstance(delta, int):
+        if delta == 0:
+            raise ValueError(f"delta is 0 (start {start}, limit {limit}); expected a non-zero step")
+        return max(-((start - limit) // delta), 0)
+    if not all(math.isfinite(v) for v in (start, limit, delta)):
+        raise ValueError(f"start, limit, delta = {start}, {limit}, {delta}; expected finite values")
+    if delta == 0:
+        raise ValueError(f"delta is 0 (start {start}, limit {limit}); expected a non-zero step")
+    n = (limit - start) / delta
+    if not math.isfinite(n):  # a finite span can still overflow
+        raise ValueError(f"start, limit, delta = {start}, {limit}, {delta} give {n} elements; expected a finite count")
+    return max(math.ceil(n), 0)
 
 
 def _constant_of_shape(ctx: InferCtx) -> TensorType:

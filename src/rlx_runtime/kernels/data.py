@@ -8,6 +8,7 @@ import numpy as np
 
 from rlx_format.dtypes import compute_dtype
 from rlx_format.ops import slice_bounds
+from rlx_format.ops.infer_shape import range_length
 
 from .registry import host_ints, kernel
 
@@ -98,20 +99,6 @@ def _pad(xp, a, x):
 @kernel("Shape")
 def _shape(xp, a, x):
     return xp.asarray(x.shape, dtype=np.int64)
-
-
-def range_length(start, limit, delta) -> int:
-    """ONNX Range's element count max(ceil((limit - start) / delta), 0), exact for integers (no float
-    rounding past 2^53) and refused, not cast, where it is undefined (NaN/Inf operands, delta 0)."""
-    if isinstance(start, int) and isinstance(limit, int) and isinstance(delta, int):
-        if delta == 0:
-            raise ValueError("Range delta is 0; expected a non-zero step")
-        return max(-((start - limit) // delta), 0)
-    n = (limit - start) / delta if delta and all(map(math.isfinite, (start, limit, delta))) else math.nan
-    if not math.isfinite(n):
-        raise ValueError(f"Range(start={start}, limit={limit}, delta={delta}) has no finite length; expected "
-                         "finite operands and a non-zero delta")
-    return max(math.ceil(n), 0)
 
 
 @kernel("Range")
