@@ -11,7 +11,8 @@ from rlx_format.container import TOOL_VERSION, RlxFile, Weight
 from rlx_format.dtypes import NUMPY_DTYPES, dtype_of_array
 from rlx_format.errors import RlxError
 from rlx_format.graph import Graph
-from rlx_runtime.passes import PassReport, constant_fold, dead_code_elimination, dedupe_constants, simplify
+from rlx_runtime.passes import (PassReport, constant_fold, dead_code_elimination, dedupe_constants, fold_affine,
+                                simplify)
 from rlx_runtime.passes import specialize_params as specialize
 
 from .options import BakeOptions
@@ -52,6 +53,15 @@ def _check_weights(graph: Graph, weights: dict, report: BakeReport, strict: bool
     return bindings
 
 
+def _affine(g: Graph, preport: PassReport, report: BakeReport) -> Graph:
+    start = len(preport.affine_folded)
+    g = fold_affine(g, preport)
+    for f in preport.affine_folded[start:]:
+        report.notes.append(f"{f['op']} {f['node']!r} folded into the weights of {f['into_op']} {f['into']!r} "
+                            "(same values in exact arithmetic; float rounding differs slightly)")
+    return g
+
+
 def bake(graph: Graph, weights: dict | None = None, options: BakeOptions | None = None,
          progress: Progress | None = None) -> tuple[RlxFile, BakeReport]:
     """Turn a graph and its weights into an RlxFile ready to write, plus a report."""
@@ -68,6 +78,7 @@ def bake(graph: Graph, weights: dict | None = None, options: BakeOptions | None 
     errors: dict = {}
     # the declared pipeline: (option flag, progress label, pass)
     stages = [
+        ("fold", "affine", lambda g: _affine(g, preport, report)),
         ("fold", "fold", lambda g: constant_fold(g, preport, options.fold_growth_limit, options.fold_min_bytes,
                                                     options.fold_memory_budget)),
         ("skip", "skip-zero", lambda g: skip_zero_matmuls(g, report)),

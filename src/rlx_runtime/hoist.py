@@ -39,6 +39,7 @@ class HoistSplit:
     outputs: list[str]          # the original graph's outputs, in order
     inputs: list[Value]         # the original graph's inputs (the signature run() checks)
     params: list[Value]         # the original graph's params (set_param accepts each, used or not)
+    graph: Graph                # the graph that was split
 
 
 def split_param_invariant(graph: Graph) -> HoistSplit | None:
@@ -100,7 +101,7 @@ def _split(graph: Graph, through_shape: bool) -> HoistSplit | None:
                      [_vcopy(c) for k, c in graph.constants.items() if k in used], main_nodes, main_outputs)
     return HoistSplit(prepare, main, boundary, bmap, [p.name for p in prep_params],
                       [p.name for p in main_params] if main is not None else [], deps, list(graph.outputs),
-                      [_vcopy(v) for v in graph.inputs], [_vcopy(p) for p in graph.params])
+                      [_vcopy(v) for v in graph.inputs], [_vcopy(p) for p in graph.params], graph)
 
 
 def _clone(n: Node) -> Node:
@@ -112,7 +113,8 @@ def _vcopy(v: Value) -> Value:
 
 
 class HoistedGraph:
-    """Same public API as CompiledGraph; prepare runs once per invalidation, main every forward."""
+    """The CompiledGraph interface over a split graph: prepare runs once per invalidation, and the main
+    half, itself a CompiledGraph, every forward (tests check that the public attributes match)."""
 
     def __init__(self, split: HoistSplit, xp, device: Device, options: CompileOptions, report=None, index: int = 0):
         from .session import CompiledGraph
@@ -136,8 +138,21 @@ class HoistedGraph:
         self._cache: dict[str, object] = {}  # the boundary values bound into the current forward
         plain = CompileOptions(optimize=False, cache_param_invariant=False, profile=options.profile)
         self._main = CompiledGraph(split.main, xp, device, plain, index=index) if split.main is not None else None
+        self._main_inputs = set(self._main.input_names) if self._main is not None else set()
 
     # ------------------------------------------------------------------ API
+    @property
+    def graph(self) -> Graph:
+        return self.split.graph
+
+    @property
+    def input_names(self) -> list[str]:
+        return [v.name for v in self.split.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return list(self.split.outputs)
+
     @property
     def param_names(self) -> list[str]:
         return [p.name for p in self.split.params]
@@ -184,7 +199,7 @@ class HoistedGraph:
         if self._main is not None:
             merged = dict(feeds)
             for b, name in self.split.boundary_inputs.items():
-                if name in self._main._plan.slot:
+                if name in self._main_inputs:
                     merged[name] = self._cache[b]  # by reference: no copy per forward
             out = self._main.run(merged)
         return {o: out[o] if o in out else self._cache[o].copy() for o in self.split.outputs}

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from rlx_format.graph import Graph
 
+from .affine import fold_affine
 from .dce import dead_code_elimination
 from .dedupe import dedupe_constants
 from .fold import constant_fold
@@ -37,8 +38,8 @@ def compile_pipeline(graph: Graph, options) -> tuple[Graph, PassReport]:
 
     passes: list[tuple[str, Pass]] = [("unpack", unpack_quantized)] if options.unpack_quantized else []
     if options.optimize or options.param_bindings or options.unpack_quantized:
-        passes += [("simplify", simplify), ("fold", fold), ("simplify", simplify), ("dce", dead_code_elimination),
-                   ("dedupe", dedupe_constants)]
+        passes += [("simplify", simplify), ("affine", fold_affine), ("fold", fold), ("simplify", simplify),
+                   ("dce", dead_code_elimination), ("dedupe", dedupe_constants)]
     elif options.precompute:
         passes.append(("fold", fold))
     g = run_passes(graph, passes, report)
