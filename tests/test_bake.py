@@ -55,7 +55,7 @@ def test_skip_zero_static_shape():
     x = g.input("x", "f32", [3, 8])
     g.output(g.matmul(x, g.param("w", "f32", [8, 5]), name="y"))
     rf, _ = bake(g.build(), {"w": np.zeros((8, 5), np.float32)})
-    assert [n.op for n in rf.graph.nodes] == ["ConstantOfShape"]
+    assert [n.op for n in rf.graph.nodes] == []  # the zeros fold into a constant output
     np.testing.assert_array_equal(run_baked(rf, {"x": f32(3, 8)})["y"], np.zeros((3, 5)))
 
 
@@ -164,9 +164,10 @@ def _profile_graph():
 @pytest.mark.parametrize("profile,flags,expect", [
     ("merge", {}, {"Transpose": 1, "MatMul": 3}),
     ("fold", {}, {"MatMul": 3}),
-    ("exact", {}, {"DequantMatMul": 1, "MatMul": 1, "ConstantOfShape": 1}),
-    ("size", {}, {"DequantMatMul": 2, "ConstantOfShape": 1}),
-    ("exact", {"ternary": False}, {"MatMul": 2, "ConstantOfShape": 1}),
+    # the skipped MatMul's zeros vanish: 0 + t is t
+    ("exact", {}, {"DequantMatMul": 1, "MatMul": 1, "Add": 1, "Expand": 0, "ConstantOfShape": 0}),
+    ("size", {}, {"DequantMatMul": 2, "Add": 1, "Expand": 0}),
+    ("exact", {"ternary": False}, {"MatMul": 2, "Add": 1, "Expand": 0}),
     ("merge", {"fold": True, "quant": True}, {"DequantMatMul": 3}),
     ("size", {"quant": False, "skip": False}, {"DequantMatMul": 2, "MatMul": 1}),  # all-zero W is ternary too
 ])
@@ -314,3 +315,27 @@ def test_parity_shipped_example(variant):
             np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
         if variant == "ternary" and prof in ("exact", "size"):
             assert len(rep.ternary) == 2
+
+
+def test_skip_zero_shrinks_the_digits_mlp():
+    """With the middle layer's weight all zero, everything before it only fed that MatMul (its zeros take
+    the batch dim from the input's shape), and the layers after it compute on one row: the graph gets
+    smaller, not larger (it grew from 10 to 13 nodes before), and the output is unchanged."""
+    from pathlib import Path
+
+    from safetensors.numpy import load_file
+
+    from rlx_format import Graph
+
+    root = Path(__file__).parent.parent / "examples" / "digits" / "float"
+    graph = Graph.from_json(root / "graph.json")
+    w = load_file(str(root / "weights.safetensors"))
+    w["w2"] = np.zeros_like(w["w2"])
+    plain, _ = bake(graph, w, BakeOptions.from_profile("fold"))
+    rf, rep = bake(graph, w, BakeOptions.from_profile("exact"))
+    assert rep.skipped and len(rf.graph.nodes) < len(plain.graph.nodes) == 10
+    ops = [n.op for n in rf.graph.nodes]
+    assert ops.count("MatMul") <= 1 and "Relu" not in ops, ops  # the first layer is gone
+    x = np.random.default_rng(0).random((7, 64)).astype(np.float32) * 16
+    np.testing.assert_allclose(run_baked(rf, {"x": x})["probs"], run_baked(plain, {"x": x})["probs"],
+                               rtol=1e-6, atol=1e-7)

@@ -82,6 +82,8 @@ def bake(graph: Graph, weights: dict | None = None, options: BakeOptions | None 
         ("fold", "fold", lambda g: constant_fold(g, preport, options.fold_growth_limit, options.fold_min_bytes,
                                                     options.fold_memory_budget)),
         ("skip", "skip-zero", lambda g: skip_zero_matmuls(g, report)),
+        ("skip", "fold", lambda g: constant_fold(g, preport, options.fold_growth_limit, options.fold_min_bytes,
+                                                 options.fold_memory_budget)),  # what skip-zero made known
         ("ternary", "ternary", lambda g: pack_ternary_weights(g, report)),
         ("quant", "q8_0", lambda g: quantize_matmul_weights(g, report, errors)),
         ("simplify", "simplify", lambda g: simplify(g, preport)),

@@ -25,32 +25,162 @@ def _all_zero(w: np.ndarray) -> bool:
     return zero
 
 
-def _zeros_like_output(graph: Graph, node: Node, n_out: int) -> list[Node]:
+def _shape_source(graph: Graph, node: Node, n_out: int) -> tuple[list[Node], str]:
+    """Nodes computing the output shape of MatMul `node` as an i64 tensor, and its name.
+
+    Symbolic dims are read from the graph inputs that declare them (the runtime binds each symbol to
+    those dims), so the zeros no longer depend on the MatMul's input values: whatever only fed it
+    becomes dead. Dims no input declares come from Shape(x) of the MatMul's own input."""
+    out_t = graph.types[node.name]
+    where = {}
+    for v in graph.inputs:
+        for pos, d in enumerate(v.shape):
+            if isinstance(d, str):
+                where.setdefault(d, (v.name, pos))
+    base = f"{node.name}/skip"
+    nodes: list[Node] = []
+    if all(isinstance(d, int) or d in where for d in out_t.shape):
+        pieces, shapes = [], {}
+        for i, d in enumerate(out_t.shape):
+            if isinstance(d, int):
+                c = f"{base}_dim{i}"
+                graph.constants[c] = Value(c, "i64", (1,), np.array([d], np.int64))
+                pieces.append(c)
+                continue
+            inp, pos = where[d]
+            if inp not in shapes:
+                shapes[inp] = f"{base}_shape_{inp}"
+                nodes.append(Node(shapes[inp], "Shape", [inp]))
+            nodes.append(Node(f"{base}_dim{i}", "Slice", [shapes[inp]], {"starts": [pos], "ends": [pos + 1]}))
+            pieces.append(f"{base}_dim{i}")
+    else:  # Shape(x)[:-1] ++ [N]
+        n_const = f"{base}_n"
+        graph.constants[n_const] = Value(n_const, "i64", (1,), np.array([n_out], np.int64))
+        nodes += [Node(f"{base}_xshape", "Shape", [node.inputs[0]]),
+                  Node(f"{base}_lead", "Slice", [f"{base}_xshape"], {"starts": [0], "ends": [-1]})]
+        pieces = [f"{base}_lead", n_const]
+    nodes.append(Node(f"{base}_out_shape", "Concat", pieces, {"axis": 0}))
+    return nodes, f"{base}_out_shape"
+
+
+def _zeros_like_output(graph: Graph, node: Node, n_out: int) -> tuple[list[Node], tuple[str, str] | None]:
+    """The nodes replacing MatMul `node` by zeros; and, for a run-time shape, (zero scalar, shape) so
+    that its readers can be rewritten (`_propagate`)."""
     out_t = graph.types[node.name]
     if out_t.is_static():
-        return [Node(node.name, "ConstantOfShape", [], {"shape": list(out_t.shape), "value": 0.0, "dtype": "f32"})]
-    # dynamic: shape = Shape(x)[:-1] ++ [N], computed at run time (the graph keeps its inputs)
-    n_const = f"{node.name}/skip_n"
-    graph.constants[n_const] = Value(n_const, "i64", (1,), np.array([n_out], np.int64))
-    return [
-        Node(f"{node.name}/skip_shape", "Shape", [node.inputs[0]]),
-        Node(f"{node.name}/skip_lead", "Slice", [f"{node.name}/skip_shape"], {"starts": [0], "ends": [-1]}),
-        Node(f"{node.name}/skip_out_shape", "Concat", [f"{node.name}/skip_lead", n_const], {"axis": 0}),
-        Node(node.name, "ConstantOfShape", [f"{node.name}/skip_out_shape"], {"value": 0.0, "dtype": "f32"}),
-    ]
+        zeros = Node(node.name, "ConstantOfShape", [], {"shape": list(out_t.shape), "value": 0.0, "dtype": "f32"})
+        return [zeros], None  # static: the fold and simplify that follow remove what it makes trivial
+    nodes, shape = _shape_source(graph, node, n_out)
+    zero = f"{node.name}/skip_zero"
+    graph.constants[zero] = Value(zero, "f32", (), np.zeros((), np.float32))
+    return nodes + [Node(node.name, "Expand", [zero, shape])], (zero, shape)
+
+
+_UNARY_INFER = {"_float_unary", "_numeric_unary", "_same"}
+_BINARY = {"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow"}
+
+
+def _propagate(graph: Graph, expanded: dict[str, tuple[str, str]], types: dict, report) -> None:
+    """Readers of Expand(k, shape) with k known compute on k and expand the result: Relu(Expand(b, s))
+    -> Expand(Relu(b), s) (the fold then evaluates Relu(b)), x + zeros -> x, and MatMul of a broadcast row
+    by a constant weight -> the expanded product. One forward sweep; exact for elementwise ops (each
+    output element is the same operation on the same operands). `types` are the graph's types before
+    the MatMuls became Expand (an Expand's dims come from a run-time tensor, so re-inference would
+    forget that they are the MatMul's)."""
+    from rlx_format.ops import OPS, TensorType
+    from rlx_runtime.passes.evaluate import KNOWN, binding_times
+
+    bt = binding_times(graph)
+    zeros = {k for k, _ in expanded.values()}
+    out_nodes: list[Node] = []
+    rewritten = 0
+
+    def known(name: str) -> bool:
+        return bt.get(name) == KNOWN
+
+    def type_of(name: str):
+        c = graph.constants.get(name)
+        return TensorType(c.dtype, tuple(c.shape)) if c is not None else types[name]
+
+    for n in graph.nodes:
+        hits = [i for i in n.inputs if i in expanded] if f"{n.name}/on_row" not in graph.types else []
+        if not hits:
+            out_nodes.append(n)
+            continue
+        new: list[Node] | None = None
+        t = types[n.name]
+        if len(n.inputs) == 1 and OPS[n.op].infer.__name__ in _UNARY_INFER | {"_cast"}:
+            k, s = expanded[n.inputs[0]]
+            new = _on_row(n, n.op, [k], dict(n.attrs), s, expanded)
+            types[new[0].name] = TensorType(t.dtype, type_of(k).shape)
+        elif n.op in _BINARY and len(hits) == 1:
+            e = hits[0]
+            other = n.inputs[1] if n.inputs[0] == e else n.inputs[0]
+            k, s = expanded[e]
+            if k in zeros and n.op == "Add" and type_of(other) == t and n.name not in graph.outputs:
+                for m in graph.nodes:  # 0 + y = y
+                    m.inputs = [other if i == n.name else i for i in m.inputs]
+                rewritten += 1
+                continue
+            if known(other) and type_of(other).is_static() and type_of(k).is_static():
+                new = _on_row(n, n.op, [k, other] if n.inputs[0] == e else [other, k], dict(n.attrs), s, expanded)
+                types[new[0].name] = TensorType(t.dtype, np.broadcast_shapes(type_of(k).shape, type_of(other).shape))
+        elif n.op == "Softmax" and n.inputs[0] in expanded:
+            k, s = expanded[n.inputs[0]]
+            kt = type_of(k)
+            if kt.rank and n.attrs.get("axis", -1) % t.rank == t.rank - 1 and kt.shape[-1] == t.shape[-1]:
+                new = _on_row(n, n.op, [k], {"axis": -1}, s, expanded)
+                types[new[0].name] = kt
+        elif hits == [n.inputs[0]] and n.op == "MatMul" and known(n.inputs[1]) and type_of(n.inputs[1]).rank == 2:
+            # a broadcast row times a constant weight: one row's product, expanded
+            k, s = expanded[n.inputs[0]]
+            kt, wt = type_of(k), type_of(n.inputs[1])
+            if kt.rank >= 1 and kt.shape[-1] == wt.shape[0] and isinstance(wt.shape[1], int):
+                row = f"{n.name}/on_row"
+                ncol = f"{n.name}/on_row_n"
+                graph.constants[ncol] = Value(ncol, "i64", (1,), np.array([wt.shape[1]], np.int64))
+                new = [Node(row, "MatMul", [k, n.inputs[1]]),
+                       Node(f"{n.name}/on_row_lead", "Slice", [s], {"starts": [0], "ends": [-1]}),
+                       Node(f"{n.name}/on_row_shape", "Concat", [f"{n.name}/on_row_lead", ncol], {"axis": 0}),
+                       Node(n.name, "Expand", [row, f"{n.name}/on_row_shape"])]
+                expanded[n.name] = (row, f"{n.name}/on_row_shape")
+                types[row] = TensorType(t.dtype, tuple(kt.shape[:-1]) + (wt.shape[1],))
+        if new is None:
+            out_nodes.append(n)
+            continue
+        out_nodes.extend(new)
+        rewritten += 1
+        for m in new[:-1]:
+            bt[m.name] = KNOWN if all(known(i) for i in m.inputs) else bt.get(n.name, KNOWN)
+    graph.nodes = out_nodes
+    if report is not None and rewritten:
+        report.notes.append(f"skip-zero: {rewritten} reader(s) of skipped MatMuls computed on one row and expanded")
+
+
+def _on_row(n: Node, op: str, ins: list[str], attrs: dict, shape: str, expanded: dict) -> list[Node]:
+    """`op` on the unexpanded operands, then Expand to n's shape under n's name."""
+    row = f"{n.name}/on_row"
+    expanded[n.name] = (row, shape)
+    return [Node(row, op, ins, attrs), Node(n.name, "Expand", [row, shape])]
 
 
 def skip_zero_matmuls(graph: Graph, report) -> Graph:
     rewrites: dict[str, list[Node]] = {}
+    expanded: dict[str, tuple[str, str]] = {}
     for wname, nodes in matmul_uses(graph).items():
         w = graph.constants[wname].value
         if not _all_zero(w):
             continue
         for node in nodes:
-            rewrites[node.name] = _zeros_like_output(graph, node, w.shape[1])
+            rewrites[node.name], exp = _zeros_like_output(graph, node, w.shape[1])
+            if exp is not None:
+                expanded[node.name] = exp
             report.skipped.append(node.name)
             report.notes.append(f"MatMul {node.name!r}: weight {wname!r} is all zeros; replaced by zeros "
                                 "(IEEE caveat: NaN/Inf in the input no longer propagate)")
     if rewrites:
+        types = dict(graph.types)
         graph.nodes = [m for n in graph.nodes for m in rewrites.get(n.name, [n])]
+        if expanded:
+            _propagate(graph, expanded, types, report)
     return graph.validate()
