@@ -168,9 +168,9 @@ def _print_report(state: State, report, output: Path, sealed: bool) -> None:
     click.echo(f"wrote {output}")
 
 
-def _open(path: Path, env, stdin, value):
+def _open(path: Path, env, stdin, value, verify: bool = False):
     password = resolve_password(env, stdin, value, confirm=False) if is_encrypted(path) else None
-    return read_rlx(path, password=password)
+    return read_rlx(path, password=password, verify=verify)
 
 
 @main.command("import-onnx")
@@ -308,12 +308,12 @@ def _random_feeds(graph, seed: int, sym: int = 2) -> dict:
 @password_options
 @click.pass_obj
 def verify(state, path, against, weights, seed, password_env, password_stdin, password_value):
-    """Check every digest; with --against, run both on seeded random inputs and compare outputs."""
+    """Check every digest and the padding (exit 1 if any weight has no digest); with --against, also run
+    both on seeded random inputs and compare outputs."""
     from rlx_runtime import Session
     with handled(state):
         rf = _open(path, password_env, password_stdin, password_value)
-        rf.verify()
-        click.echo(f"{path}: {len(rf.weights)} weight digests OK")
+        click.echo(f"{path}: {rf.verify()} weight digests OK")
         if against is None:
             return
         graph, ws = load_graph(against, weights)
@@ -339,9 +339,10 @@ def verify(state, path, against, weights, seed, password_env, password_stdin, pa
 @click.option("--unpack", is_flag=True, help="Dequantize packed weights once at load and run plain matmuls.")
 @click.option("--device", "device", default="cpu", show_default=True, metavar="cpu|cuda|cuda:N",
               help="Where to run (CUDA needs the cuda extra and a GPU).")
+@click.option("--verify", is_flag=True, help="Check every weight digest before running (one read of the file).")
 @password_options
 @click.pass_obj
-def run(state, path, inputs, output, unpack, device, password_env, password_stdin, password_value):
+def run(state, path, inputs, output, unpack, device, verify, password_env, password_stdin, password_value):
     """Run an .rlx file with inputs from .npy files."""
     from rlx_runtime import CompileOptions, Session, to_host
     with handled(state):
@@ -357,7 +358,7 @@ def run(state, path, inputs, output, unpack, device, password_env, password_stdi
                 raise RlxError(f"--input {name}: {file}: no such file") from None
             except ValueError as e:
                 raise RlxError(f"--input {name}: {file}: not a .npy array ({e})") from None
-        rf = _open(path, password_env, password_stdin, password_value)
+        rf = _open(path, password_env, password_stdin, password_value, verify=verify)
         compiled = session.compile_with(rf, CompileOptions(unpack_quantized=True)) if unpack else session.compile(rf)
         out = to_host(compiled.run(feeds))
         for name, arr in out.items():

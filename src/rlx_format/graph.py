@@ -120,7 +120,7 @@ class Graph:
             if not isinstance(name, str) or not name:
                 raise GraphError(f"{what}: name must be a non-empty string; got {name!r}")
             if name in seen:
-                raise GraphError(f"duplicate name {name!r}: declared as {seen[name]} and as {what}")
+                raise GraphError(f"duplicate name {name!r:.200}: declared as {seen[name]:.250} and as {what:.250}")
             seen[name] = what
 
         types: dict[str, TensorType] = {}
@@ -136,9 +136,9 @@ class Graph:
             if n.op in LEAF_OPS:
                 raise GraphError(f"node {n.name!r}: {n.op} is declared in the {n.op.lower()}s list, not as a node")
             if n.op not in OPS:
-                close = difflib.get_close_matches(n.op, list(OPS), n=3)
+                close = close_names(n.op, OPS, n=3)
                 hint = f"; did you mean {', '.join(close)}?" if close else f"; registered ops: {', '.join(sorted(OPS))}"
-                raise GraphError(f"node {n.name!r}: unknown op {n.op!r}{hint}")
+                raise GraphError(f"node {n.name!r:.200}: unknown op {n.op!r:.200}{hint}")
             spec = OPS[n.op]
             if not isinstance(n.inputs, list) or not all(isinstance(i, str) for i in n.inputs):
                 raise GraphError(f"node {n.name!r}: inputs must be a list of names; got {n.inputs!r}")
@@ -150,9 +150,9 @@ class Graph:
         for n in self.nodes:
             for i in n.inputs:
                 if i not in seen:
-                    close = difflib.get_close_matches(i, list(seen), n=1)
+                    close = close_names(i, seen, n=1)
                     hint = f" (did you mean {close[0]!r}?)" if close else ""
-                    raise GraphError(f"node {n.name!r} ({n.op}): input {i!r} is not defined{hint}")
+                    raise GraphError(f"node {n.name!r:.200} ({n.op}): input {i!r:.200} is not defined{hint}")
         self.nodes = _toposort(self.nodes, set(types))
         for n in self.nodes:
             ctx = InferCtx(n.name, n.op, [types[i] for i in n.inputs], n.attrs, [consts.get(i) for i in n.inputs])
@@ -263,6 +263,29 @@ class Graph:
 
 
 # ---------------------------------------------------------------------- helpers
+
+HINT_MAX_LEN = 256             # names longer than this get no "did you mean" hint
+HINT_BUDGET = 2_000_000        # characters compared per hint: len(name) x sum of candidate lengths
+
+
+def close_names(name: str, candidates: Iterable[str], n: int = 1) -> list[str]:
+    """Up to `n` close matches of `name` for a "did you mean" hint, with bounded work.
+
+    difflib's ratio() is quadratic in the string lengths, so long names get no hint and only
+    candidates whose length allows a match are compared, until HINT_BUDGET characters are spent.
+    """
+    if len(name) > HINT_MAX_LEN:
+        return []
+    lo, hi = (3 * len(name) + 6) // 7, 7 * len(name) // 3  # difflib's 0.6 cutoff needs lengths in this range
+    pool, cost = [], 0
+    for c in candidates:
+        if lo <= len(c) <= hi:
+            cost += len(name) * len(c)
+            if cost > HINT_BUDGET:
+                break
+            pool.append(c)
+    return difflib.get_close_matches(name, pool, n=n)
+
 
 
 def _dump_compact(d: dict) -> str:
