@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from fuzz_targets import amplifying_header, assemble, long_name, raw_file, split
 from rlx_bake.cli import main
 from rlx_format import FormatError, Graph, GraphBuilder, GraphError, RlxFile, Weight, read_rlx, read_rlx_bytes
-from rlx_format.constants import ALIGNMENT, PREAMBLE_BYTES, RLXBAKE_MAGIC
+from rlx_format.constants import PREAMBLE_BYTES
 
 GENEROUS_S = 5.0  # timing bounds are loose on purpose: the fixed code takes well under a second
 
@@ -28,40 +29,6 @@ def tiny() -> RlxFile:
     d = g.constant(np.array([[10.0, 20.0]], np.float32), name="d")
     g.output(g.add(g.add(x, c), d, name="y"))
     return RlxFile.from_graph(g.build())
-
-
-def _align(n: int) -> int:
-    return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
-
-
-def split(blob: bytes) -> tuple[dict, dict[str, bytes]]:
-    """The header map and each weight's stored bytes of an .rlx file."""
-    hlen = struct.unpack("<Q", blob[12:20])[0]
-    h = msgpack.unpackb(blob[20:20 + hlen])
-    return h, {e["name"]: blob[e["offset"]:e["offset"] + e["nbytes"]] for e in h["weights"]}
-
-
-def assemble(h: dict, tensors: dict[str, bytes]) -> bytes:
-    """An .rlx file from a header map, laying the tensors out as the writer does (offsets recomputed)."""
-    hlen = len(msgpack.packb(h))
-    while True:
-        pos = _align(PREAMBLE_BYTES + hlen)
-        for e in h["weights"]:
-            e["offset"] = pos
-            pos = _align(pos + len(tensors[e["name"]]))
-        hb = msgpack.packb(h)
-        if _align(PREAMBLE_BYTES + len(hb)) == _align(PREAMBLE_BYTES + hlen):
-            break
-        hlen = len(hb)
-    out = bytearray(RLXBAKE_MAGIC + struct.pack("<IQ", 2, len(hb)) + hb)
-    for e in h["weights"]:
-        out += b"\0" * (e["offset"] - len(out)) + tensors[e["name"]]
-    return bytes(out)
-
-
-def raw_file(header: bytes) -> bytes:
-    """Preamble + raw header bytes (for headers no writer would produce)."""
-    return RLXBAKE_MAGIC + struct.pack("<IQ", 2, len(header)) + header
 
 
 def invoke(*args):
@@ -98,16 +65,11 @@ def test_duplicate_weight_name_among_40k_entries_is_found_fast():
 # ------------------------------------------------------------------ item 4: bounded "did you mean"
 
 
-def _adversarial_name(n: int, rng) -> str:
-    # a two-letter alphabet is difflib's worst case: every character matches everywhere
-    return "".join(rng.choice(["a", "b"], n))
-
-
 def test_undefined_65k_char_input_is_rejected_fast_with_a_short_message(tmp_path):
     rng = np.random.default_rng(0)
-    x = _adversarial_name(65_536, rng)
-    nodes = [{"name": _adversarial_name(65_536, rng), "op": "Relu", "inputs": [x]} for _ in range(4)]
-    missing = _adversarial_name(65_536, rng)
+    x = long_name(65_536, rng, 200)
+    nodes = [{"name": long_name(65_536, rng, 200), "op": "Relu", "inputs": [x]} for _ in range(4)]
+    missing = long_name(65_536, rng, 200)
     nodes.append({"name": "out", "op": "Relu", "inputs": [missing]})
     doc = {"format": "rlx.graph", "version": 1, "inputs": [{"name": x, "dtype": "f32", "shape": [2]}],
            "nodes": nodes, "outputs": ["out"]}
@@ -122,9 +84,9 @@ def test_undefined_65k_char_input_is_rejected_fast_with_a_short_message(tmp_path
 def test_hint_work_is_bounded_with_many_similar_candidates():
     rng = np.random.default_rng(1)
     g = {"format": "rlx.graph", "version": 1, "inputs": [{"name": "x", "dtype": "f32", "shape": [2]}],
-         "nodes": [{"name": _adversarial_name(200, rng), "op": "Relu", "inputs": ["x"]} for _ in range(1500)],
+         "nodes": [{"name": long_name(199, rng), "op": "Relu", "inputs": ["x"]} for _ in range(3000)],
          "outputs": ["out"]}
-    g["nodes"].append({"name": "out", "op": "Relu", "inputs": [_adversarial_name(200, rng)]})
+    g["nodes"].append({"name": "out", "op": "Relu", "inputs": [long_name(199, rng)]})
     err, elapsed = timed(Graph.from_dict, g)
     assert isinstance(err, GraphError) and "is not defined" in str(err)
     assert elapsed < GENEROUS_S
@@ -149,22 +111,6 @@ AMPLIFY = {  # where the empty arrays hide: the issue's unknown key, and inside 
     "graph": ("graph", "maps and arrays"),
     "weights": ("weights", "maps and arrays"),
 }
-
-
-def amplifying_header(n: int, key: str) -> bytes:
-    """A header map whose `key` holds n empty arrays (1 byte each, ~70 as Python lists), in arrays of 1M."""
-    parts = [min(1 << 20, n - i) for i in range(0, n, 1 << 20)]
-    arrays = b"\xdd" + struct.pack(">I", len(parts)) + b"".join(
-        b"\xdd" + struct.pack(">I", k) + b"\x90" * k for k in parts)
-    graph = msgpack.packb(tiny().graph.to_dict())
-    if key == "graph":
-        value = b"\x81" + msgpack.packb("nodes") + arrays  # {"nodes": [[], [], ...]}
-        return b"\x81" + msgpack.packb("graph") + value
-    if key == "meta":
-        value = b"\x81" + msgpack.packb("x") + arrays
-    else:
-        value = arrays
-    return b"\x82" + msgpack.packb("graph") + graph + msgpack.packb(key) + value
 
 
 @pytest.mark.parametrize("where", sorted(AMPLIFY))
