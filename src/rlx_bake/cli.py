@@ -343,7 +343,7 @@ def verify(state, path, against, weights, seed, password_env, password_stdin, pa
 @password_options
 @click.pass_obj
 def run(state, path, inputs, output, unpack, device, verify, password_env, password_stdin, password_value):
-    """Run an .rlx file with inputs from .npy files."""
+    """Run an .rlx file with inputs from .npy files (weight digests are checked only with --verify)."""
     from rlx_runtime import CompileOptions, Session, to_host
     with handled(state):
         session = Session(device)  # a bad device or a missing GPU fails before any file is read
