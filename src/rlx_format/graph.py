@@ -264,18 +264,15 @@ class Graph:
 
 # ---------------------------------------------------------------------- helpers
 
-HINT_MAX_LEN = 256             # names longer than this get no "did you mean" hint
-HINT_BUDGET = 2_000_000        # characters compared per hint: len(name) x sum of candidate lengths
+HINT_BUDGET = 2_000_000  # character pairs a "did you mean" hint may compare: len(name) x candidate lengths
 
 
 def close_names(name: str, candidates: Iterable[str], n: int = 1) -> list[str]:
     """Up to `n` close matches of `name` for a "did you mean" hint, with bounded work.
 
-    difflib's ratio() is quadratic in the string lengths, so long names get no hint and only
-    candidates whose length allows a match are compared, until HINT_BUDGET characters are spent.
+    difflib's ratio() is quadratic in the string lengths: only candidates whose length allows a match
+    are compared, until HINT_BUDGET pairs are spent (so names over ~2,000 characters get no hint).
     """
-    if len(name) > HINT_MAX_LEN:
-        return []
     lo, hi = (3 * len(name) + 6) // 7, 7 * len(name) // 3  # difflib's 0.6 cutoff needs lengths in this range
     pool, cost = [], 0
     for c in candidates:
@@ -285,7 +282,6 @@ def close_names(name: str, candidates: Iterable[str], n: int = 1) -> list[str]:
                 break
             pool.append(c)
     return difflib.get_close_matches(name, pool, n=n)
-
 
 
 def _dump_compact(d: dict) -> str:
