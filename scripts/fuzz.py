@@ -22,7 +22,7 @@ import fuzz_targets as ft  # noqa: E402
 def main() -> int:
     seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 30.0
     seed = int(sys.argv[2]) if len(sys.argv) > 2 else 0
-    # each target mutates one of its seeds: a valid file, plus the crafted files that once got through
+    # each target mutates one of its seeds: a valid one first, then crafted ones that once got through
     seeds = {"read_rlx": [ft.seed_rlx(), *ft.hostile_rlx().values()], "rlx_header": [ft.seed_rlx()],
              "sealed": [ft.seed_sealed()], "safetensors": [ft.seed_safetensors()],
              "graph_json": [ft.seed_graph().to_dict(), *ft.hostile_graphs().values()], "onnx": [ft.seed_onnx()]}
@@ -34,7 +34,8 @@ def main() -> int:
         cases = accepted = 0
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < seconds:
-            seed_case = seeds[name][int(rng.integers(0, len(seeds[name])))]
+            pool = seeds[name]  # the valid seed half the time, else one of the crafted ones
+            seed_case = pool[0] if len(pool) == 1 or rng.random() < 0.5 else pool[int(rng.integers(1, len(pool)))]
             if name == "graph_json":
                 case = seed_case
                 for _ in range(int(rng.integers(1, 4))):

@@ -86,7 +86,8 @@ def assemble(h, tensors: dict[str, bytes]) -> bytes:
     """An .rlx file from a header (any msgpack value): entries naming one of `tensors` get that tensor,
     laid out as the writer does (offsets recomputed); other entries are left as they are."""
     table = h.get("weights") if isinstance(h, dict) else None
-    entries = [e for e in table if isinstance(e, dict) and e.get("name") in tensors] if isinstance(table, list) else []
+    entries = [e for e in table if isinstance(e, dict) and isinstance(e.get("name"), str) and e["name"] in tensors
+               ] if isinstance(table, list) else []
     hlen = len(msgpack.packb(h))
     while True:
         pos = _align(PREAMBLE_BYTES + hlen)
@@ -152,6 +153,7 @@ def hostile_rlx() -> dict[str, bytes]:
         "digest_algo not a string": _edit(lambda h: h.update(digest_algo=1)),
         "digest not hex": _edit(lambda h: h["weights"][0].update(digest="zz" * 8)),
         "digest not a string": _edit(lambda h: h["weights"][0].update(digest=7)),
+        "graph nodes not a list": _edit(lambda h: h["graph"].update(nodes=True)),
         "weights a map": _edit(lambda h: h.update(weights={})),
         "meta a list": _edit(lambda h: h.update(meta=[])),
         "shape a string": _edit(lambda h: h["weights"][0].update(shape="4,3")),

@@ -479,7 +479,8 @@ def _parse(buf, size: int, where: str) -> RlxFile:
         raise FormatError(f"{where}: header 'weights' must be a list and 'meta' a map")
     if len(table) > MAX_WEIGHTS:
         raise FormatError(f"{where}: {len(table)} weights exceed the cap of {MAX_WEIGHTS}")
-    if len(header["graph"].get("nodes", []) or []) > MAX_NODES:
+    nodes = header["graph"].get("nodes")
+    if isinstance(nodes, list) and len(nodes) > MAX_NODES:  # other types: Graph.from_dict names the problem
         raise FormatError(f"{where}: node count exceeds the cap of {MAX_NODES}")
     data_start = PREAMBLE_BYTES + hlen
     entries = [_check_entry(e, i, data_start, size, where) for i, e in enumerate(table)]
