@@ -22,26 +22,34 @@ import fuzz_targets as ft  # noqa: E402
 def main() -> int:
     seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 30.0
     seed = int(sys.argv[2]) if len(sys.argv) > 2 else 0
-    seeds = {"read_rlx": ft.seed_rlx(), "sealed": ft.seed_sealed(), "safetensors": ft.seed_safetensors(),
-             "graph_json": ft.seed_graph().to_dict(), "onnx": ft.seed_onnx()}
-    targets = {"read_rlx": ft.target_read_rlx, "sealed": ft.target_sealed, "safetensors": ft.target_safetensors,
-               "graph_json": ft.target_graph_json, "graph_ops": ft.target_graph_lifecycle, "onnx": ft.target_onnx}
+    # each target mutates one of its seeds: a valid one first, then crafted ones that once got through
+    seeds = {"read_rlx": [ft.seed_rlx(), *ft.hostile_rlx().values()], "rlx_header": [ft.seed_rlx()],
+             "sealed": [ft.seed_sealed()], "safetensors": [ft.seed_safetensors()],
+             "graph_json": [ft.seed_graph().to_dict(), *ft.hostile_graphs().values()], "graph_ops": [None],
+             "onnx": [ft.seed_onnx()]}
+    targets = {"read_rlx": ft.target_read_rlx, "rlx_header": ft.target_read_rlx, "sealed": ft.target_sealed,
+               "safetensors": ft.target_safetensors, "graph_json": ft.target_graph_json,
+               "graph_ops": ft.target_graph_lifecycle, "onnx": ft.target_onnx}
     total = 0
     for name, target in targets.items():
         rng = np.random.default_rng(seed)
         cases = accepted = 0
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < seconds:
+            pool = seeds[name]  # the valid seed half the time, else one of the crafted ones
+            seed_case = pool[0] if len(pool) == 1 or rng.random() < 0.5 else pool[int(rng.integers(1, len(pool)))]
             if name == "graph_json":
-                case = seeds[name]
+                case = seed_case
                 for _ in range(int(rng.integers(1, 4))):
                     case = ft.mutate_json(case, rng)
             elif name == "graph_ops":  # one random op with edge-value inputs and attrs, loaded, written, run
                 case = ft.random_op_doc(rng)
+            elif name == "rlx_header":
+                case = ft.mutate_header(seed_case, rng)
             elif rng.random() < 0.1:
                 case = bytes(rng.integers(0, 256, int(rng.integers(0, 256)), dtype=np.uint8))
             else:
-                case = ft.mutate(seeds[name], rng)
+                case = ft.mutate(seed_case, rng)
             try:
                 accepted += target(case)
             except Exception:  # noqa: BLE001 - report any escape

@@ -9,16 +9,19 @@ from __future__ import annotations
 import copy
 import json
 import math
+import struct
 import tempfile
 import time
 from pathlib import Path
 
+import msgpack
 import numpy as np
 from safetensors.numpy import save
 
 from rlx_bake import load_safetensors
 from rlx_bake.onnx import import_onnx  # imported here so no target call pays for a first import
-from rlx_format import OPS, Graph, GraphBuilder, RlxError, RlxFile, read_rlx_bytes, read_rlx_with_password
+from rlx_format import OPS, Graph, GraphBuilder, RlxError, RlxFile, Weight, read_rlx_bytes, read_rlx_with_password
+from rlx_format.constants import ALIGNMENT, PREAMBLE_BYTES, RLXBAKE_MAGIC
 from rlx_format.dtypes import NUMPY_DTYPES
 from rlx_format.sealed import KDF_PROFILES, write_rlx_encrypted
 
@@ -61,6 +64,140 @@ def seed_onnx() -> bytes:
     import onnx
     path = Path(onnx.__file__).parent / "backend" / "test" / "data" / "pytorch-operator" / "test_operator_conv"
     return (path / "model.onnx").read_bytes()
+
+
+# ---------------------------------------------------------------- crafted files (hostile seeds and tests)
+
+
+def _align(n: int) -> int:
+    return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+
+
+def raw_file(header: bytes) -> bytes:
+    """An .rlx preamble followed by raw header bytes (for headers no writer would produce)."""
+    return RLXBAKE_MAGIC + struct.pack("<IQ", 2, len(header)) + header
+
+
+def split(data: bytes) -> tuple[dict, dict[str, bytes]]:
+    """The header map of a valid .rlx file and each weight's stored bytes."""
+    hlen = struct.unpack("<Q", data[12:20])[0]
+    h = msgpack.unpackb(data[20:20 + hlen])
+    return h, {e["name"]: data[e["offset"]:e["offset"] + e["nbytes"]] for e in h["weights"]}
+
+
+def assemble(h, tensors: dict[str, bytes]) -> bytes:
+    """An .rlx file from a header (any msgpack value): entries naming one of `tensors` get that tensor,
+    laid out as the writer does (offsets recomputed); other entries are left as they are."""
+    table = h.get("weights") if isinstance(h, dict) else None
+    entries = [e for e in table if isinstance(e, dict) and isinstance(e.get("name"), str) and e["name"] in tensors
+               ] if isinstance(table, list) else []
+    hlen = len(msgpack.packb(h))
+    while True:
+        pos = _align(PREAMBLE_BYTES + hlen)
+        for e in entries:
+            e["offset"] = pos
+            pos = _align(pos + len(tensors[e["name"]]))
+        hb = msgpack.packb(h)
+        if _align(PREAMBLE_BYTES + len(hb)) == _align(PREAMBLE_BYTES + hlen):
+            break
+        hlen = len(hb)
+    out = bytearray(raw_file(hb))
+    for e in entries:
+        out += b"\0" * (e["offset"] - len(out)) + tensors[e["name"]]
+    return bytes(out)
+
+
+def amplifying_header(n: int, key: str) -> bytes:
+    """A header whose `key` ("graph", "weights", "meta" or an unknown one) holds n empty arrays, in arrays of
+    at most 1M: one byte each in the file, ~70 bytes each as Python lists."""
+    parts = [min(1 << 20, n - i) for i in range(0, n, 1 << 20)]
+    arrays = b"\xdd" + struct.pack(">I", len(parts)) + b"".join(
+        b"\xdd" + struct.pack(">I", k) + b"\x90" * k for k in parts)
+    if key == "graph":
+        return b"\x81" + msgpack.packb("graph") + b"\x81" + msgpack.packb("nodes") + arrays  # {"nodes": [[]...]}
+    value = b"\x81" + msgpack.packb("x") + arrays if key == "meta" else arrays
+    return b"\x82" + msgpack.packb("graph") + msgpack.packb(seed_graph().to_dict()) + msgpack.packb(key) + value
+
+
+def long_name(n: int, rng: np.random.Generator, letters: int = 2) -> str:
+    """A random name that keeps difflib's ratio() quadratic: its autojunk (names of 200+ characters) only drops
+    characters seen in over 1% of positions, so long names need 100+ distinct letters, short ones few."""
+    return "".join(rng.choice([chr(0x100 + i) for i in range(letters)], n))
+
+
+def _edit(fn) -> bytes:
+    h, tensors = split(seed_rlx())
+    fn(h)
+    return assemble(h, tensors)
+
+
+def _many_weights(n: int, name_len: int = 6) -> bytes:
+    g = GraphBuilder("many")
+    g.input("x", "f32", [1])
+    g.output("x")
+    rf = RlxFile.from_graph(g.build())
+    for i in range(n):
+        name = f"w{i:0{name_len - 1}d}"
+        rf.weights[name] = Weight.plain(name, np.zeros(0, np.float32), "f32")
+    return rf.to_bytes()
+
+
+def hostile_rlx() -> dict[str, bytes]:
+    """Crafted .rlx files that each once got through the reader or took too long: all must be refused."""
+    rng = np.random.default_rng(0)
+    first_name = "w" + "0" * 65_535
+    cases = {
+        "duplicate weight name": _many_weights(2000).replace(msgpack.packb("w01001"), msgpack.packb("w01000"), 1),
+        "duplicate 64k-char weight name": _many_weights(2, 65_536).replace(
+            msgpack.packb(first_name[:-1] + "1"), msgpack.packb(first_name), 1),
+        "undefined 64k-char graph input": _edit(lambda h: h["graph"]["nodes"][0].update(
+            inputs=[long_name(65_536, rng, 200), "w"])),
+        "digest_algo sha256": _edit(lambda h: h.update(digest_algo="sha256")),
+        "digest_algo not a string": _edit(lambda h: h.update(digest_algo=1)),
+        "digest not hex": _edit(lambda h: h["weights"][0].update(digest="zz" * 8)),
+        "digest not a string": _edit(lambda h: h["weights"][0].update(digest=7)),
+        "graph nodes not a list": _edit(lambda h: h["graph"].update(nodes=True)),
+        "weights a map": _edit(lambda h: h.update(weights={})),
+        "meta a list": _edit(lambda h: h.update(meta=[])),
+        "shape a string": _edit(lambda h: h["weights"][0].update(shape="4,3")),
+        "nbytes a float": _edit(lambda h: h["weights"][0].update(nbytes=8.0)),
+        "unknown header key": _edit(lambda h: h.update(extra=[])),
+        "header key not a string": raw_file(b"\x81\x91\x90\x80"),
+        "header key twice": raw_file(b"\x82" + msgpack.packb("meta") + b"\x80" + msgpack.packb("meta") + b"\x80"),
+    }
+    for key in ("junk", "meta", "graph", "weights"):
+        cases[f"empty arrays under {key}"] = raw_file(amplifying_header(1 << 16, key))
+    return cases
+
+
+def hostile_graphs() -> dict[str, dict]:
+    """Crafted graph documents with long or many similar names: all must be refused within the time limit."""
+    rng = np.random.default_rng(0)
+    x = long_name(65_536, rng, 200)
+    long_nodes = [{"name": long_name(65_536, rng, 200), "op": "Relu", "inputs": [x]} for _ in range(4)]
+    similar = [{"name": long_name(199, rng), "op": "Relu", "inputs": ["x"]} for _ in range(1000)]
+
+    def doc(inputs, nodes, missing):
+        return {"format": "rlx.graph", "version": 1,
+                "inputs": [{"name": n, "dtype": "f32", "shape": [2]} for n in inputs],
+                "nodes": [*nodes, {"name": "out", "op": "Relu", "inputs": [missing]}], "outputs": ["out"]}
+
+    return {
+        "undefined 64k-char input among 64k-char names": doc([x], long_nodes, long_name(65_536, rng, 200)),
+        "undefined name among 1000 similar ones": doc(["x"], similar, long_name(199, rng)),
+        "duplicate 64k-char name": doc([x, x], [], x),
+        "unknown 64k-char op": {**doc(["x"], [], "x"), "nodes": [{"name": "n", "op": x, "inputs": ["x"]}]},
+    }
+
+
+def mutate_header(data: bytes, rng: np.random.Generator) -> bytes:
+    """Replace a random field of a valid file's header with a value of another type, keeping the tensors."""
+    h, tensors = split(data)
+    while True:  # mutate_json also draws values msgpack cannot store (lone surrogates, ints past 64 bits)
+        try:
+            return assemble(mutate_json(h, rng), tensors)
+        except (UnicodeEncodeError, OverflowError):
+            continue
 
 
 def _guard(fn, *args, limit: float = TIME_LIMIT_S) -> bool:

@@ -10,14 +10,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fuzz_targets import (mutate, mutate_json, random_op_doc, seed_graph, seed_onnx, seed_rlx, seed_safetensors,
-                          seed_sealed, target_graph_json, target_graph_lifecycle, target_onnx, target_read_rlx,
+from fuzz_targets import (hostile_graphs, hostile_rlx, mutate, mutate_header, mutate_json, random_op_doc, seed_graph,
+                          seed_onnx, seed_rlx, seed_safetensors, seed_sealed, target_graph_json,
+                          target_graph_lifecycle, target_onnx, target_read_rlx,
                           target_safetensors, target_sealed)
 
 BUDGET = settings(max_examples=int(os.environ.get("RLX_FUZZ_EXAMPLES", "150")), deadline=None,
                   suppress_health_check=[HealthCheck.too_slow])
 SEEDS = {"rlx": seed_rlx(), "sealed": seed_sealed(), "st": seed_safetensors(), "graph": seed_graph().to_dict(),
          "onnx": seed_onnx()}
+HOSTILE_RLX, HOSTILE_GRAPHS = hostile_rlx(), hostile_graphs()
 
 
 def test_seeds_are_valid():
@@ -36,6 +38,28 @@ def test_read_rlx_mutated(seed):
 def test_read_rlx_random_bytes(data):
     target_read_rlx(data)
     target_read_rlx(b"RLXBAKE1" + data)
+
+
+@BUDGET
+@given(st.integers(0, 2**32 - 1))
+def test_read_rlx_header_fields_mutated(seed):
+    target_read_rlx(mutate_header(SEEDS["rlx"], np.random.default_rng(seed)))
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_RLX))
+def test_read_rlx_hostile_files(name):
+    assert not target_read_rlx(HOSTILE_RLX[name])
+
+
+@BUDGET
+@given(st.integers(0, 2**32 - 1), st.sampled_from(sorted(HOSTILE_RLX)))
+def test_read_rlx_hostile_mutated(seed, name):
+    target_read_rlx(mutate(HOSTILE_RLX[name], np.random.default_rng(seed)))
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_GRAPHS))
+def test_graph_json_hostile_names(name):
+    assert not target_graph_json(HOSTILE_GRAPHS[name])
 
 
 @BUDGET

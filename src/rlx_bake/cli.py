@@ -182,8 +182,8 @@ def _password_for(path: Path, env, stdin, value) -> str | None:
     return resolve_password(env, stdin, value, confirm=False) if is_encrypted(path) else None
 
 
-def _open(path: Path, env, stdin, value):
-    return read_rlx(path, password=_password_for(path, env, stdin, value))
+def _open(path: Path, env, stdin, value, verify: bool = False):
+    return read_rlx(path, password=_password_for(path, env, stdin, value), verify=verify)
 
 
 @main.command("import-onnx")
@@ -339,12 +339,12 @@ def _random_feeds(graph, seed: int, sym: int = 2) -> dict:
 @password_options
 @click.pass_obj
 def verify(state, path, against, weights, seed, password_env, password_stdin, password_value):
-    """Check every digest; with --against, run both on seeded random inputs and compare outputs."""
+    """Check every digest and the padding (exit 1 if any weight has no digest); with --against, also run
+    both on seeded random inputs and compare outputs."""
     from rlx_runtime import Session
     with handled(state):
         rf = _open(path, password_env, password_stdin, password_value)
-        rf.verify()
-        click.echo(f"{path}: {len(rf.weights)} weight digests OK")
+        click.echo(f"{path}: {rf.verify()} weight digests OK")
         if against is None:
             return
         graph, ws = load_graph(against, weights)
@@ -370,10 +370,11 @@ def verify(state, path, against, weights, seed, password_env, password_stdin, pa
 @click.option("--unpack", is_flag=True, help="Dequantize packed weights once at load and run plain matmuls.")
 @click.option("--device", "device", default="cpu", show_default=True, metavar="cpu|cuda|cuda:N",
               help="Where to run (CUDA needs the cuda extra and a GPU).")
+@click.option("--verify", is_flag=True, help="Check every weight digest before running (one read of the file).")
 @password_options
 @click.pass_obj
-def run(state, path, inputs, output, unpack, device, password_env, password_stdin, password_value):
-    """Run an .rlx file with inputs from .npy files."""
+def run(state, path, inputs, output, unpack, device, verify, password_env, password_stdin, password_value):
+    """Run an .rlx file with inputs from .npy files (weight digests are checked only with --verify)."""
     from rlx_runtime import CompileOptions, Session, to_host
     with handled(state):
         session = Session(device)  # a bad device or a missing GPU fails before any file is read
@@ -386,7 +387,7 @@ def run(state, path, inputs, output, unpack, device, password_env, password_stdi
                 raise click.BadParameter(f"{spec!r}; expected NAME=FILE.npy", param_hint="--input")
             name, file = spec.split("=", 1)
             feeds[name] = _load_npy(name, file)
-        rf = read_rlx(path, password=password)
+        rf = read_rlx(path, password=password, verify=verify)
         if output is not None:  # refuse before running, not after
             _check_npz_names(output, rf.graph.outputs)
         compiled = session.compile_with(rf, CompileOptions(unpack_quantized=True)) if unpack else session.compile(rf)

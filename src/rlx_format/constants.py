@@ -14,6 +14,9 @@ MAX_NODES = 10_000_000
 MAX_RANK = 16
 MAX_DIM = 1 << 48
 MAX_STR = 1 << 16
+HEADER_KEYS = ("graph", "weights", "meta", "digest_algo")  # the only top-level header keys
+HEADER_BYTES_PER_CONTAINER = 8     # a header decodes to at most one map/array per this many bytes
+HEADER_CONTAINER_ALLOWANCE = 4096  # ... plus this many (tiny headers)
 
 PLAIN_ENCODINGS = ("f32", "f16", "bf16", "f64", "i64", "i32", "i16", "i8", "u8", "bool")
 QUANT_ENCODINGS = {"gguf_q8_0": (32, 34), "gguf_tq2_0": (256, 66)}  # block elems, block bytes

@@ -11,6 +11,7 @@ import io
 import math
 import mmap
 import os
+import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,9 +21,9 @@ import msgpack
 import numpy as np
 import xxhash
 
-from .constants import (ALIGNMENT, MAX_DIM, MAX_HEADER_BYTES, MAX_NODES, MAX_RANK, MAX_STR, MAX_WEIGHTS,
-                        PLAIN_ENCODINGS, PREAMBLE_BYTES, QUANT_ENCODINGS, READABLE_VERSIONS, RLXBAKE_MAGIC,
-                        RLXENC_MAGIC, SCHEMA_VERSION)
+from .constants import (ALIGNMENT, HEADER_BYTES_PER_CONTAINER, HEADER_CONTAINER_ALLOWANCE, HEADER_KEYS, MAX_DIM,
+                        MAX_HEADER_BYTES, MAX_NODES, MAX_RANK, MAX_STR, MAX_WEIGHTS, PLAIN_ENCODINGS, PREAMBLE_BYTES,
+                        QUANT_ENCODINGS, READABLE_VERSIONS, RLXBAKE_MAGIC, RLXENC_MAGIC, SCHEMA_VERSION)
 from .dtypes import NUMPY_DTYPES, bf16_to_f32
 from .errors import EncryptedFileError, FormatError, GraphError
 from .files import atomic_write, open_for_reading
@@ -98,6 +99,7 @@ class RlxFile:
     meta: dict[str, Any] = field(default_factory=dict)
     version: int = SCHEMA_VERSION
     _buffer: Any = field(default=None, repr=False)  # keeps the mmap alive
+    _padding: list[tuple[int, int]] = field(default_factory=list, repr=False)  # [start, end) of non-tensor bytes
 
     @classmethod
     def from_graph(cls, graph: Graph, meta: dict | None = None) -> RlxFile:
@@ -115,16 +117,33 @@ class RlxFile:
                 if w is None:
                     raise FormatError(f"constant {name!r} has no data and no weight-table entry")
                 c.value = w.array()
-        return g
+        return g.validate()  # the load-time rules that read constant values (Range, Tile, Reshape...) see them now
 
-    def verify(self) -> None:
-        """Recompute every tensor digest; raise FormatError naming the first mismatch."""
+    def verify(self) -> int:
+        """Check the file's integrity and return how many weight digests match.
+
+        Recomputes every weight digest (about one read of the file) and checks that the bytes between
+        and after the tensors are zero. Raises FormatError on the first mismatch or non-zero padding,
+        and when any weight has no digest (it cannot be verified).
+        """
+        undigested = []
         for w in self.weights.values():
+            if w.digest is None:
+                undigested.append(w.name)
+                continue
             got = digest_bytes(byte_view(np.ascontiguousarray(w.data)))
             release_pages(w.data)
-            if w.digest is not None and got != w.digest:
+            if got != w.digest:
                 raise FormatError(f"weight {w.name!r}: digest mismatch ({DIGEST_ALGO} {got} != stored {w.digest}); "
                                   "the file is corrupted — re-bake or re-copy it")
+        for start, end in self._padding:
+            _check_zero(self._buffer, start, end)
+        if undigested:
+            shown = ", ".join(f"{n!r:.80}" for n in undigested[:5]) + (", ..." if len(undigested) > 5 else "")
+            raise FormatError(f"{len(undigested)} of {len(self.weights)} weights have no digest and cannot be "
+                              f"verified ({shown}); the other {len(self.weights) - len(undigested)} digests match. "
+                              "Re-write the file with write_rlx (or re-bake it) to store digests")
+        return len(self.weights)
 
     def to_bytes(self) -> bytes:
         buf = io.BytesIO()
@@ -244,8 +263,16 @@ def write_rlx(path: str | os.PathLike, rf: RlxFile) -> None:
 # ------------------------------------------------------------------------------------------- reader
 
 
-def read_rlx(path: str | os.PathLike, password: str | bytes | None = None, *, verify: bool = False) -> RlxFile:
-    """Open an .rlx file (memory-mapped). Sealed files need `password`."""
+def read_rlx(path: str | os.PathLike, password: str | bytes | None = None, *, verify: bool = False,
+             mmap: bool = True) -> RlxFile:
+    """Open an .rlx file. Sealed files need `password`.
+
+    Digests are not checked unless `verify=True` (that reads every byte; see RlxFile.verify).
+    With `mmap=True` (default) the file is memory-mapped and weights are zero-copy views: the file
+    must not be truncated or rewritten in place while they are in use (the process would die of
+    SIGBUS); replace it by rename, as write_rlx does. `mmap=False` reads the file into memory
+    instead, for files on storage that others may rewrite.
+    """
     path = Path(path)
     with open_for_reading(path) as f:
         head = f.read(8)
@@ -258,11 +285,24 @@ def read_rlx(path: str | os.PathLike, password: str | bytes | None = None, *, ve
             return read_rlx_with_password(path, password, verify=verify)
         size = os.fstat(f.fileno()).st_size
         _check_preamble(head + f.read(PREAMBLE_BYTES - 8), size, str(path))
-        buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        buf = _map_file(f) if mmap else _read_whole(f, size, path)
     rf = _parse(buf, size, str(path))
     if verify:
         rf.verify()
     return rf
+
+
+def _map_file(f: BinaryIO) -> mmap.mmap:
+    return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+def _read_whole(f: BinaryIO, size: int, path: Path) -> bytes:
+    f.seek(0)
+    data = f.read(size)
+    if len(data) != size or f.read(1):
+        raise FormatError(f"{path}: the file changed size while it was read ({size} bytes expected); "
+                          "replace .rlx files by rename, never in place")
+    return data
 
 
 def read_rlx_bytes(buf: bytes | bytearray | memoryview, *, verify: bool = False, where: str = "<bytes>") -> RlxFile:
@@ -293,37 +333,115 @@ def _check_preamble(pre: bytes, size: int, where: str) -> None:
                           f"({size} bytes); the file is truncated")
 
 
+class _ViewReader:
+    """read(n) over a memoryview: msgpack.Unpacker pulls the header only as far as it decodes it."""
+
+    def __init__(self, view: memoryview):
+        self.view, self.pos = view, 0
+
+    def read(self, n: int) -> bytes:
+        chunk = bytes(self.view[self.pos:self.pos + n])
+        self.pos += len(chunk)
+        return chunk
+
+
+class _OverBudget(Exception):
+    """Raised from inside msgpack's hooks once a header has decoded more containers than allowed."""
+
+
+_MAP_FIRST_BYTES = frozenset([*range(0x80, 0x90), 0xDE, 0xDF])  # fixmap, map16, map32
+_STR_FIRST_BYTES = frozenset([*range(0xA0, 0xC0), 0xD9, 0xDA, 0xDB])  # fixstr, str8, str16, str32
+
+
+def _decode_header(view: memoryview, where: str) -> dict:
+    """Decode the header map with bounded memory (spec/rlx-format.md, "Header decoding").
+
+    An empty msgpack array is one byte but ~70 bytes as a Python list, so the byte cap alone does not
+    bound memory: top-level keys are checked as they are read, before their values are decoded, and
+    every decoded map and array is counted against a budget proportional to the header length.
+    """
+    budget = HEADER_CONTAINER_ALLOWANCE + len(view) // HEADER_BYTES_PER_CONTAINER
+    left = budget
+
+    def count(obj):
+        nonlocal left
+        left -= 1
+        if left < 0:
+            raise _OverBudget
+        return obj
+
+    at = f"{where}: header at offset {PREAMBLE_BYTES}"
+    if not len(view) or view[0] not in _MAP_FIRST_BYTES:
+        first = f"0x{view[0]:02x}" if len(view) else "none (empty header)"
+        raise FormatError(f"{at} is not valid msgpack for a header: expected a map, got first byte {first}")
+    up = msgpack.Unpacker(_ViewReader(view), read_size=min(len(view), 1 << 20), raw=False, strict_map_key=True,
+                          max_buffer_size=len(view),
+                          max_str_len=MAX_HEADER_BYTES, max_bin_len=MAX_HEADER_BYTES,
+                          max_array_len=max(MAX_WEIGHTS, MAX_NODES), max_map_len=MAX_NODES, max_ext_len=0,
+                          list_hook=count, object_hook=count)
+    header: dict = {}
+    try:
+        for _ in range(up.read_map_header()):
+            at_key = up.tell()
+            if at_key >= len(view) or view[at_key] not in _STR_FIRST_BYTES:
+                raise FormatError(f"{where}: header key at offset {PREAMBLE_BYTES + at_key} is not a string")
+            key = up.unpack()
+            if key not in HEADER_KEYS:
+                raise FormatError(f"{where}: unknown header key {key!r:.80} at offset {PREAMBLE_BYTES + at_key}; "
+                                  f"expected only {list(HEADER_KEYS)}")
+            if key in header:
+                raise FormatError(f"{where}: header key {key!r} appears twice")
+            header[key] = up.unpack()
+        if up.tell() != len(view):
+            raise FormatError(f"{at}: {len(view) - up.tell()} bytes follow the header map; expected none")
+    except FormatError:
+        raise
+    except _OverBudget:
+        raise FormatError(f"{at}: {len(view)} bytes decode to more than {budget} maps and arrays (the cap is "
+                          f"{HEADER_CONTAINER_ALLOWANCE} + one per {HEADER_BYTES_PER_CONTAINER} header bytes); "
+                          "the file is corrupted or was not written by rlx") from None
+    except Exception as e:  # noqa: BLE001 - msgpack raises many types for bad bytes
+        raise FormatError(f"{at} is not valid msgpack ({type(e).__name__}: {e})") from None
+    return header
+
+
 def _parse(buf, size: int, where: str) -> RlxFile:
     version, hlen = struct.unpack("<IQ", bytes(buf[8:PREAMBLE_BYTES]))
-    try:
-        header = msgpack.unpackb(buf[PREAMBLE_BYTES:PREAMBLE_BYTES + hlen], raw=False, strict_map_key=True,
-                                 max_str_len=MAX_HEADER_BYTES, max_bin_len=MAX_HEADER_BYTES,
-                                 max_array_len=max(MAX_WEIGHTS, MAX_NODES), max_map_len=MAX_NODES,
-                                 max_ext_len=0)
-    except Exception as e:  # noqa: BLE001 - msgpack raises many types for bad bytes
-        raise FormatError(f"{where}: header at offset {PREAMBLE_BYTES} is not valid msgpack ({type(e).__name__}: "
-                          f"{e})") from None
-    if not isinstance(header, dict) or not isinstance(header.get("graph"), dict):
+    with memoryview(buf)[PREAMBLE_BYTES:PREAMBLE_BYTES + hlen] as view:
+        header = _decode_header(view, where)
+    if not isinstance(header.get("graph"), dict):
         raise FormatError(f"{where}: header must be a map with a 'graph' map")
+    algo = header.get("digest_algo", DIGEST_ALGO)
+    if algo != DIGEST_ALGO:
+        raise FormatError(f"{where}: header 'digest_algo' is {algo!r:.80}; this reader supports only "
+                          f"{DIGEST_ALGO!r}, so it cannot check the weight digests — upgrade rlx or re-bake the file")
     table = header.get("weights", []) if version >= 2 else []
     meta = header.get("meta", {}) if version >= 2 else header.get("meta", {})
     if not isinstance(table, list) or not isinstance(meta, dict):
         raise FormatError(f"{where}: header 'weights' must be a list and 'meta' a map")
     if len(table) > MAX_WEIGHTS:
         raise FormatError(f"{where}: {len(table)} weights exceed the cap of {MAX_WEIGHTS}")
-    nodes = header["graph"].get("nodes")  # its type is Graph.from_dict's to check, below
-    if isinstance(nodes, list) and len(nodes) > MAX_NODES:
+    nodes = header["graph"].get("nodes")
+    if isinstance(nodes, list) and len(nodes) > MAX_NODES:  # other types: Graph.from_dict names the problem
         raise FormatError(f"{where}: node count exceeds the cap of {MAX_NODES}")
     data_start = PREAMBLE_BYTES + hlen
     entries = [_check_entry(e, i, data_start, size, where) for i, e in enumerate(table)]
-    names = [e["name"] for e in entries]
-    if len(set(names)) != len(names):
-        dup = sorted({n for n in names if names.count(n) > 1})[0]
-        raise FormatError(f"{where}: weight name {dup!r} appears twice in the weight table")
+    names: set[str] = set()
+    for e in entries:
+        if e["name"] in names:
+            raise FormatError(f"{where}: weight name {e['name']!r:.200} appears twice in the weight table")
+        names.add(e["name"])
     spans = sorted((e["offset"], e["offset"] + e["nbytes"], e["name"]) for e in entries if e["nbytes"])
     for (a0, a1, an), (b0, _, bn) in zip(spans, spans[1:]):
         if b0 < a1:
-            raise FormatError(f"{where}: weights {an!r} [{a0}, {a1}) and {bn!r} (offset {b0}) overlap")
+            raise FormatError(f"{where}: weights {an!r:.200} [{a0}, {a1}) and {bn!r:.200} (offset {b0}) overlap")
+    padding, pos = [], data_start
+    for a0, a1, _ in spans:
+        if a0 > pos:
+            padding.append((pos, a0))
+        pos = a1
+    if size > pos:
+        padding.append((pos, size))
     weights = {}
     for e in entries:
         sdt = storage_dtype(e["encoding"])
@@ -343,9 +461,21 @@ def _parse(buf, size: int, where: str) -> RlxFile:
             if w.data.dtype != NUMPY_DTYPES[c.dtype] or tuple(w.data.shape) != tuple(c.shape):
                 raise FormatError(f"{where}: weight {name!r} is stored as {w.data.dtype}{list(w.data.shape)} but the "
                                   f"graph declares {c.dtype}{list(c.shape)}")
-    return RlxFile(graph, weights, meta, version, buf)
+    return RlxFile(graph, weights, meta, version, buf, padding)
 
 
+def _check_zero(buf, start: int, end: int) -> None:
+    """Raise FormatError unless buf[start:end] is all zero bytes (checked in slices, pages released)."""
+    for lo in range(start, end, 64 << 20):
+        chunk = np.frombuffer(buf, np.uint8, count=min(end, lo + (64 << 20)) - lo, offset=lo)
+        if chunk.any():
+            at = lo + int(np.argmax(chunk != 0))
+            raise FormatError(f"padding byte at offset {at} is 0x{chunk[at - lo]:02x}; padding between and after "
+                              "tensors must be zero — the file is corrupted or was not written by rlx")
+        release_pages(chunk)
+
+
+_DIGEST_RE = re.compile(r"[0-9a-f]{16}")
 _ENTRY_TYPES = {"name": str, "encoding": str, "dtype": str, "shape": list, "offset": int, "nbytes": int}
 
 
@@ -357,7 +487,7 @@ def _check_entry(e: Any, i: int, data_start: int, size: int, where: str) -> dict
         if type(v) is not t:  # exact types: msgpack never produces subclasses, and bool is not an int here
             raise FormatError(f"{where}: weights[{i}] field {k!r} is {v!r}; expected {t.__name__}")
     name = e["name"]
-    ctx = f"{where}: weight {name!r} (weights[{i}])"
+    ctx = f"{where}: weight {name!r:.200} (weights[{i}])"
     if not name or len(name) > MAX_STR:
         raise FormatError(f"{ctx}: name must be 1..{MAX_STR} characters")
     enc = e["encoding"]
@@ -382,8 +512,8 @@ def _check_entry(e: Any, i: int, data_start: int, size: int, where: str) -> dict
         raise FormatError(f"{ctx}: bytes [{off}, {off + n}) are outside the data section [{data_start}, {size}); "
                           "the file is truncated or corrupted")
     digest = e.get("digest")
-    if digest is not None and not isinstance(digest, str):
-        raise FormatError(f"{ctx}: digest must be a string")
+    if digest is not None and (type(digest) is not str or not _DIGEST_RE.fullmatch(digest)):
+        raise FormatError(f"{ctx}: digest {digest!r:.80} is not an {DIGEST_ALGO} digest (16 lowercase hex digits)")
     note = e.get("note", "")
     return {"name": name, "encoding": enc, "dtype": e["dtype"], "shape": tuple(shape), "offset": off, "nbytes": n,
             "digest": digest, "note": note if isinstance(note, str) else str(note)}

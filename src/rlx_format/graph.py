@@ -123,7 +123,7 @@ class Graph:
         def declare(name: object, what: str) -> None:
             check_name(name, what)
             if name in seen:
-                raise GraphError(f"duplicate name {name!r}: declared as {seen[name]} and as {what}")
+                raise GraphError(f"duplicate name {name!r:.200}: declared as {seen[name]:.250} and as {what:.250}")
             seen[name] = what
 
         types: dict[str, TensorType] = {}
@@ -139,9 +139,9 @@ class Graph:
             if n.op in LEAF_OPS:
                 raise GraphError(f"node {n.name!r}: {n.op} is declared in the {n.op.lower()}s list, not as a node")
             if n.op not in OPS:
-                close = difflib.get_close_matches(n.op, list(OPS), n=3)
+                close = close_names(n.op, OPS, n=3)
                 hint = f"; did you mean {', '.join(close)}?" if close else f"; registered ops: {', '.join(sorted(OPS))}"
-                raise GraphError(f"node {n.name!r}: unknown op {n.op!r}{hint}")
+                raise GraphError(f"node {n.name!r:.200}: unknown op {n.op!r:.200}{hint}")
             spec = OPS[n.op]
             if not isinstance(n.inputs, list) or not all(isinstance(i, str) for i in n.inputs):
                 raise GraphError(f"node {n.name!r}: inputs must be a list of names; got {n.inputs!r}")
@@ -153,9 +153,9 @@ class Graph:
         for n in self.nodes:
             for i in n.inputs:
                 if i not in seen:
-                    close = difflib.get_close_matches(i, list(seen), n=1)
+                    close = close_names(i, seen, n=1)
                     hint = f" (did you mean {close[0]!r}?)" if close else ""
-                    raise GraphError(f"node {n.name!r} ({n.op}): input {i!r} is not defined{hint}")
+                    raise GraphError(f"node {n.name!r:.200} ({n.op}): input {i!r:.200} is not defined{hint}")
         self.nodes = _toposort(self.nodes, set(types))
         for n in self.nodes:
             ctx = InferCtx(n.name, n.op, [types[i] for i in n.inputs], n.attrs, [consts.get(i) for i in n.inputs])
@@ -345,6 +345,26 @@ def _check_inferred(t: TensorType, n: Node) -> None:
             raise GraphError(f"node {n.name!r} ({n.op}): inferred output shape {brief(list(t.shape))} has dim "
                              f"{brief(d)}; expected dims in 0..{MAX_DIM} (check the attrs and constant inputs "
                              "that size it)")
+
+
+HINT_BUDGET = 2_000_000  # character pairs a "did you mean" hint may compare: len(name) x candidate lengths
+
+
+def close_names(name: str, candidates: Iterable[str], n: int = 1) -> list[str]:
+    """Up to `n` close matches of `name` for a "did you mean" hint, with bounded work.
+
+    difflib's ratio() is quadratic in the string lengths: only candidates whose length allows a match
+    are compared, until HINT_BUDGET pairs are spent (so names over ~2,000 characters get no hint).
+    """
+    lo, hi = (3 * len(name) + 6) // 7, 7 * len(name) // 3  # difflib's 0.6 cutoff needs lengths in this range
+    pool, cost = [], 0
+    for c in candidates:
+        if lo <= len(c) <= hi:
+            cost += len(name) * len(c)
+            if cost > HINT_BUDGET:
+                break
+            pool.append(c)
+    return difflib.get_close_matches(name, pool, n=n)
 
 
 def _dump_compact(d: dict) -> str:

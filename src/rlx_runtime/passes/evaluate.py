@@ -148,6 +148,7 @@ def fold_known(graph: Graph, report=None, *, growth_limit: float | None, min_byt
     if not candidates:
         return graph
     refused: list[dict] = []
+    origin = report.fold_origin_bytes if report is not None else {}
 
     def closure_of(b: str) -> _Closure:
         vals = closure(graph, nodes, [b])
@@ -165,7 +166,7 @@ def fold_known(graph: Graph, report=None, *, growth_limit: float | None, min_byt
                 continue
             seen.add(b)
             c = closure_of(b)
-            reason = _growth_refusal(graph, b, c, growth_limit, min_bytes)
+            reason = _growth_refusal(graph, b, c, growth_limit, min_bytes, origin)
             if reason is None:
                 accepted[b] = c
             else:
@@ -188,17 +189,26 @@ def fold_known(graph: Graph, report=None, *, growth_limit: float | None, min_byt
     if report is not None:
         report.fold_refused.extend(refused)
     if accepted:
+        for b, c in accepted.items():
+            origin[b] = _source_bytes(c, origin)
         _evaluate(graph, nodes, accepted, report)
     return graph.validate()
 
 
-def _growth_refusal(graph: Graph, b: str, c: _Closure, growth_limit: float | None, min_bytes: int) -> str | None:
+def _source_bytes(c: _Closure, origin: dict[str, int]) -> int:
+    """Bytes of the original constants behind a closure (a constant an earlier pass folded counts as
+    what it was computed from)."""
+    return sum(origin.get(k, v.value.nbytes) for k, v in c.leaves.items())
+
+
+def _growth_refusal(graph: Graph, b: str, c: _Closure, growth_limit: float | None, min_bytes: int,
+                    origin: dict[str, int]) -> str | None:
     out_b = _nbytes(graph, b)
     if out_b is None:
         return "output shape is not static"
     if growth_limit is None:
         return None
-    in_b = sum(v.value.nbytes for v in c.leaves.values())
+    in_b = _source_bytes(c, origin)
     if out_b > max(min_bytes, growth_limit * in_b):
         t = graph.types[b]
         return (f"output {t.dtype}{list(t.shape)} is {out_b} bytes, more than {growth_limit:g}x the constants it is "

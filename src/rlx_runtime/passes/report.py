@@ -19,6 +19,9 @@ class PassReport:
     passes: list[tuple[str, int]] = field(default_factory=list)  # (pass, nodes after it)
     # folded constant -> the one param/constant it was computed from (e.g. a transposed weight)
     folded_from: dict[str, str] = field(default_factory=dict)
+    # folded constant -> bytes of the original constants it was computed from: a later fold pass judges
+    # growth against these, so folding in several passes cannot grow 16x per pass
+    fold_origin_bytes: dict[str, int] = field(default_factory=dict)
     # constant -> xxh3-64 hex digest of its bytes, as computed by dedupe (the writer reuses them)
     digests: dict[str, str] = field(default_factory=dict)
 
