@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rlx_format import (RlxError, is_encrypted, read_rlx, write_rlx, write_rlx_encrypted)
-from rlx_format.files import atomic_write, check_output_path
+from rlx_format.files import atomic_write, check_output_path, open_for_reading
 from rlx_format.sealed import KDF_PROFILES, decrypt_file, encrypt_file, read_seal_header
 
 from .display import markup_safe, plain, printable
@@ -409,15 +409,7 @@ _NPY_HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.l
 def _load_npy(name: str, file: str) -> np.ndarray:
     """Read one --input .npy, checking its header against the file size before allocating anything."""
     where = f"--input {name}: {file}"
-    try:
-        f = open(file, "rb")
-    except FileNotFoundError:
-        raise RlxError(f"{where}: no such file") from None
-    except IsADirectoryError:
-        raise RlxError(f"{where}: is a directory; expected a .npy file") from None
-    except OSError as e:
-        raise RlxError(f"{where}: cannot open ({e.strerror})") from None
-    with f:
+    with open_for_reading(file, "a .npy file", where) as f:
         size = os.fstat(f.fileno()).st_size
         if size == 0:
             raise RlxError(f"{where}: the file is empty; expected a .npy array (numpy.save)")

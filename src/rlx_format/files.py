@@ -39,16 +39,18 @@ _KINDS = {stat.S_IFDIR: "a directory", stat.S_IFCHR: "a character device", stat.
           stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFSOCK: "a socket"}
 
 
-def open_for_reading(path: Path) -> BinaryIO:
-    """open(path, "rb") with the library's errors for missing files, directories and OS failures."""
+def open_for_reading(path: str | os.PathLike, expected: str = "an .rlx file", label: str | None = None) -> BinaryIO:
+    """open(path, "rb") with the library's errors for missing files, directories and OS failures;
+    messages start with `label` (default: the path) and name what was `expected`."""
+    where = label or str(path)
     try:
         return open(path, "rb")
     except FileNotFoundError:
-        raise FormatError(f"{path}: no such file") from None
+        raise FormatError(f"{where}: no such file") from None
     except IsADirectoryError:
-        raise FormatError(f"{path}: is a directory; expected an .rlx file") from None
+        raise FormatError(f"{where}: is a directory; expected {expected}") from None
     except OSError as e:
-        raise FormatError(f"{path}: cannot open ({e.strerror})") from None
+        raise FormatError(f"{where}: cannot open ({e.strerror})") from None
 
 
 def _kind(mode: int) -> str:
