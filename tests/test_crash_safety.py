@@ -41,9 +41,11 @@ def bake_cmd(bundle: Path, out: Path) -> list[str]:
 
 def test_sigkill_during_bake_never_leaves_a_partial_file(bundle, tmp_path):
     out = tmp_path / "model.rlx"
-    t = time.perf_counter()
-    subprocess.run(bake_cmd(bundle, out), check=True, capture_output=True)
-    full = time.perf_counter() - t
+    full = float("inf")
+    for _ in range(2):  # the warm time: a first, cold run (imports, page cache) would stretch the kill window
+        t = time.perf_counter()
+        subprocess.run(bake_cmd(bundle, out), check=True, capture_output=True)
+        full = min(full, time.perf_counter() - t)
     previous = out.read_bytes()
     read_rlx(out, verify=True)
     rng = np.random.default_rng(2024)
