@@ -10,6 +10,8 @@ from ..dtypes import DTYPES
 from ..errors import GraphError, brief
 
 from .core import INT64_MAX, INT64_MIN, REQUIRED, Attr, OpSpec, _float_unary, _numeric_unary, _same
+from .infer_rnn import OPTIONAL as RNN_OPTIONAL
+from .infer_rnn import _recurrent
 from .infer_elementwise import _argreduce, _arith, _axis_same, _cast, _clip, _compare, _logic, _not, _reduce, _where
 from .infer_nn import (
     QUANT_BLOCKS, _batchnorm, _conv, _conv_transpose, _dequant_gather, _dequant_matmul, _dequantize,
@@ -119,6 +121,17 @@ _reg("Resize", 1, _resize, {
     "coordinate_transformation_mode": Attr("str", "half_pixel",
                                            ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")),
     "nearest_mode": Attr("str", "round_prefer_floor", ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil"))})
+for _op in ("LSTM", "GRU", "RNN"):
+    _rnn_attrs = {"hidden_size": Attr("int", lo=1),
+                  "direction": Attr("str", "forward", ("forward", "reverse", "bidirectional")),
+                  "activations": Attr("strs", None), "activation_alpha": Attr("floats", None),
+                  "activation_beta": Attr("floats", None), "clip": Attr("float", None, lo=0.0),
+                  "optional": Attr("strs", [])}
+    if _op == "LSTM":
+        _rnn_attrs["input_forget"] = Attr("int", 0, (0, 1))
+    if _op == "GRU":
+        _rnn_attrs["linear_before_reset"] = Attr("int", 0, (0, 1))
+    _reg(_op, (3, 3 + len(RNN_OPTIONAL[_op])), _recurrent, _rnn_attrs)
 _SEED = Attr("int", 0, lo=0)  # numpy's SeedSequence takes non-negative ints; int64 bounds the top
 _reg("RandomNormal", 0, _random, {"shape": Attr("ints", lo=0), "mean": Attr("float", 0.0),
                                   "scale": Attr("float", 1.0), "seed": _SEED, "dtype": Attr("dtype", "f32")},
@@ -170,6 +183,9 @@ def _check_attr(v, a: Attr, where: str):
         ok = isinstance(v, str)
     elif a.kind == "dtype":
         ok = v in DTYPES
+    elif a.kind == "strs":
+        ok = isinstance(v, (list, tuple)) and all(isinstance(e, str) for e in v)
+        v = list(v) if ok else v
     elif a.kind in ("ints", "floats"):
         ok = isinstance(v, (list, tuple)) and all(_is_int(e) if a.kind == "ints" else _is_number(e) for e in v)
     if not ok:

@@ -43,7 +43,7 @@ class Attr:
     of floats) MUST be finite and >= lo, unless `nonfinite` (fill values, clip bounds: inf and NaN mean
     something there)."""
 
-    kind: str  # int | float | str | ints | floats | dtype
+    kind: str  # int | float | str | ints | floats | strs | dtype
     default: Any = REQUIRED
     choices: tuple = ()
     lo: int | float | None = None

@@ -1,0 +1,172 @@
+"""LSTM, GRU and RNN with ONNX semantics (layout 0; spec/ops.md, "Recurrent").
+
+The input projection X·Wᵀ for every step is one GEMM per direction; each step then does one
+H·Rᵀ GEMM and elementwise gate math. `sequence_lens` stops a batch entry after its length: its
+later Y rows stay 0 and its final states are those of its last valid step (a reverse pass starts
+at its own last valid step). The packed output is [seq + states, dirs, batch, hidden]: Y, then
+Y_h (and Y_c).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rlx_format.ops.infer_rnn import DEFAULT_ACTIVATIONS, GATES, STATES
+
+from .registry import host_ints, kernel, special
+
+# activation -> (uses alpha, uses beta, default alpha, default beta)
+_PARAMS = {"LeakyRelu": (True, False, 0.01, 0.0), "ThresholdedRelu": (True, False, 1.0, 0.0),
+           "ScaledTanh": (True, True, 1.0, 1.0), "Affine": (True, True, 1.0, 0.0),
+           "HardSigmoid": (True, True, 0.2, 0.5), "Elu": (True, False, 1.0, 0.0)}
+
+
+def _activation(xp, name: str, alpha: float, beta: float):
+    if name == "Sigmoid":
+        return lambda v: special(xp).expit(v)
+    if name == "Tanh":
+        return xp.tanh
+    if name == "Relu":
+        return lambda v: xp.maximum(v, v.dtype.type(0))
+    if name == "LeakyRelu":
+        return lambda v: xp.where(v >= 0, v, v * v.dtype.type(alpha))
+    if name == "ThresholdedRelu":
+        return lambda v: xp.where(v >= v.dtype.type(alpha), v, v.dtype.type(0))
+    if name == "ScaledTanh":
+        return lambda v: v.dtype.type(alpha) * xp.tanh(v.dtype.type(beta) * v)
+    if name == "Affine":
+        return lambda v: v.dtype.type(alpha) * v + v.dtype.type(beta)
+    if name == "HardSigmoid":
+        return lambda v: xp.clip(v.dtype.type(alpha) * v + v.dtype.type(beta), 0, 1).astype(v.dtype)
+    if name == "Elu":
+        return lambda v: xp.where(v >= 0, v, v.dtype.type(alpha) * xp.expm1(v))
+    if name == "Softsign":
+        return lambda v: v / (v.dtype.type(1) + xp.abs(v))
+    return lambda v: xp.logaddexp(v.dtype.type(0), v)  # Softplus
+
+
+def _activations(xp, op: str, a: dict, dirs: int) -> list[list]:
+    """Per direction, the activation callables. alpha/beta are consumed in order by the activations that
+    take them (ONNX), defaults otherwise."""
+    names = a["activations"] or DEFAULT_ACTIVATIONS[op] * dirs
+    alphas, betas = list(a["activation_alpha"] or []), list(a["activation_beta"] or [])
+    fns = []
+    for name in names:
+        uses_a, uses_b, da, db = _PARAMS.get(name, (False, False, 0.0, 0.0))
+        alpha = alphas.pop(0) if uses_a and alphas else da
+        beta = betas.pop(0) if uses_b and betas else db
+        fns.append(_activation(xp, name, alpha, beta))
+    per = len(DEFAULT_ACTIVATIONS[op])
+    return [fns[d * per:(d + 1) * per] for d in range(dirs)]
+
+
+@kernel("LSTM")
+def _lstm(xp, a, x, w, r, *rest):
+    return _recurrent(xp, "LSTM", a, x, w, r, rest)
+
+
+@kernel("GRU")
+def _gru(xp, a, x, w, r, *rest):
+    return _recurrent(xp, "GRU", a, x, w, r, rest)
+
+
+@kernel("RNN")
+def _rnn(xp, a, x, w, r, *rest):
+    return _recurrent(xp, "RNN", a, x, w, r, rest)
+
+
+def _recurrent(xp, op: str, a: dict, x, w, r, rest):
+    opt = dict(zip(a["optional"], rest))
+    seq, batch, _ = x.shape
+    dirs, h = w.shape[0], a["hidden_size"]
+    g = GATES[op]
+    dt = x.dtype
+    out = xp.zeros((seq + STATES[op], dirs, batch, h), dt)
+    bias = opt.get("B")
+    lens = np.asarray(host_ints(xp, opt["sequence_lens"]), np.int64) if "sequence_lens" in opt else None
+    if lens is not None and ((lens < 0) | (lens > seq)).any():
+        raise ValueError(f"sequence_lens {lens.tolist()} outside [0, {seq}]")
+    acts = _activations(xp, op, a, dirs)
+    clip = a["clip"]
+    rows = xp.arange(batch)
+    for d in range(dirs):
+        reverse = a["direction"] == "reverse" or (a["direction"] == "bidirectional" and d == 1)
+        wb = bias[d, :g * h] if bias is not None else None
+        rb = bias[d, g * h:] if bias is not None else None
+        xw = x @ w[d].T  # [seq, batch, gates*hidden]: the whole sequence's input projection at once
+        if wb is not None:
+            xw = xw + (wb if op == "GRU" else wb + rb)  # GRU adds Rbh inside the reset product
+        ht = opt["initial_h"][d] if "initial_h" in opt else xp.zeros((batch, h), dt)
+        ct = None if op != "LSTM" else opt["initial_c"][d] if "initial_c" in opt else xp.zeros((batch, h), dt)
+        peep = opt.get("P")
+        step_fn = {"LSTM": _lstm_step, "GRU": _gru_step, "RNN": _rnn_step}[op]
+        for s in range(seq):
+            if lens is None:
+                t = seq - 1 - s if reverse else s
+                h_new, c_new = step_fn(xp, a, xw[t], ht, ct, r[d], rb, peep[d] if peep is not None else None,
+                                       acts[d], clip, h)
+                out[t, d] = h_new
+                ht, ct = h_new, c_new
+                continue
+            valid = s < lens  # entries still inside their sequence
+            t_b = np.where(valid, (lens - 1 - s) if reverse else s, 0)
+            xt = xw[xp.asarray(t_b), rows]
+            h_new, c_new = step_fn(xp, a, xt, ht, ct, r[d], rb, peep[d] if peep is not None else None, acts[d],
+                                   clip, h)
+            keep = xp.asarray(valid)[:, None]
+            ht = xp.where(keep, h_new, ht)
+            ct = xp.where(keep, c_new, ct) if ct is not None else None
+            idx = np.nonzero(valid)[0]
+            if idx.size:
+                out[xp.asarray(t_b[idx]), d, xp.asarray(idx)] = h_new[xp.asarray(idx)]
+        out[seq, d] = ht
+        if op == "LSTM":
+            out[seq + 1, d] = ct
+    return out
+
+
+def _clip(xp, v, clip):
+    return v if clip is None else xp.clip(v, -clip, clip).astype(v.dtype)
+
+
+def _lstm_step(xp, a, xt, h_prev, c_prev, r, rb, peep, acts, clip, h):
+    f, g, hf = acts
+    z = xt + h_prev @ r.T
+    zi, zo, zf, zc = (z[:, k * h:(k + 1) * h] for k in range(4))  # ONNX gate order i, o, f, c
+    if peep is not None:
+        zi = zi + peep[:h] * c_prev
+        zf = zf + peep[2 * h:] * c_prev
+    i = f(_clip(xp, zi, clip))
+    fg = (xp.asarray(1, z.dtype) - i) if a["input_forget"] else f(_clip(xp, zf, clip))
+    c = fg * c_prev + i * g(_clip(xp, zc, clip))
+    if peep is not None:
+        zo = zo + peep[h:2 * h] * c
+    o = f(_clip(xp, zo, clip))
+    return o * hf(c), c
+
+
+def _gru_step(xp, a, xt, h_prev, _c, r, rb, _peep, acts, clip, h):
+    f, g = acts
+    hr = h_prev @ r[:2 * h].T  # z and r gates; the candidate's recurrence depends on the reset gate
+    zz, zr = xt[:, :h] + hr[:, :h], xt[:, h:2 * h] + hr[:, h:]
+    if rb is not None:
+        zz, zr = zz + rb[:h], zr + rb[h:2 * h]
+    zg = f(_clip(xp, zz, clip))
+    rg = f(_clip(xp, zr, clip))
+    rh = r[2 * h:]
+    rbh = rb[2 * h:] if rb is not None else None
+    if a["linear_before_reset"]:
+        rec = h_prev @ rh.T
+        if rbh is not None:
+            rec = rec + rbh
+        cand = xt[:, 2 * h:] + rg * rec
+    else:
+        cand = xt[:, 2 * h:] + (rg * h_prev) @ rh.T
+        if rbh is not None:
+            cand = cand + rbh
+    hh = g(_clip(xp, cand, clip))
+    return (xp.asarray(1, hh.dtype) - zg) * hh + zg * h_prev, None
+
+
+def _rnn_step(xp, a, xt, h_prev, _c, r, _rb, _peep, acts, clip, h):
+    return acts[0](_clip(xp, xt + h_prev @ r.T, clip)), None

@@ -1,0 +1,201 @@
+"""LSTM / GRU / RNN against onnxruntime: directions, layouts, every optional input and output,
+sequence lengths, activations with alpha/beta, clip, input_forget, linear_before_reset; and models
+exported by torch.onnx from nn.LSTM / nn.GRU / nn.RNN."""
+
+import itertools
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from rlx_bake import BakeOptions, bake
+from rlx_bake.onnx import import_onnx
+from rlx_runtime import Session
+
+R = np.random.default_rng(11)
+GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
+SEQ, BATCH, INP, HID = 5, 3, 4, 6
+
+
+def _model(op, direction="forward", layout=0, optional=(), outputs=("Y", "Y_h", "Y_c"), opset=14, **attrs):
+    dirs = 2 if direction == "bidirectional" else 1
+    g = GATES[op]
+    inits = [numpy_helper.from_array(R.standard_normal((dirs, g * HID, INP)).astype(np.float32) * 0.5, "W"),
+             numpy_helper.from_array(R.standard_normal((dirs, g * HID, HID)).astype(np.float32) * 0.5, "R")]
+    x_shape = [BATCH, SEQ, INP] if layout else [SEQ, BATCH, INP]
+    state_shape = [BATCH, dirs, HID] if layout else [dirs, BATCH, HID]
+    graph_inputs = [helper.make_tensor_value_info("X", TensorProto.FLOAT, x_shape)]
+    names = ["X", "W", "R", "", "", "", "", ""]
+    feeds = {"X": R.standard_normal(x_shape).astype(np.float32)}
+    if "B" in optional:
+        inits.append(numpy_helper.from_array(R.standard_normal((dirs, 2 * g * HID)).astype(np.float32) * 0.3, "B"))
+        names[3] = "B"
+    if "sequence_lens" in optional:
+        graph_inputs.append(helper.make_tensor_value_info("L", TensorProto.INT32, [BATCH]))
+        feeds["L"] = np.array([SEQ, 2, 4][:BATCH], np.int32)
+        names[4] = "L"
+    for pos, name in ((5, "initial_h"), (6, "initial_c")):
+        if name in optional:
+            graph_inputs.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, state_shape))
+            feeds[name] = R.standard_normal(state_shape).astype(np.float32)
+            names[pos] = name
+    if "P" in optional:
+        inits.append(numpy_helper.from_array(R.standard_normal((dirs, 3 * HID)).astype(np.float32) * 0.3, "P"))
+        names[7] = "P"
+    while names and not names[-1]:
+        names.pop()
+    k = 3 if op == "LSTM" else 2
+    outs = [o if o in outputs else "" for o in ("Y", "Y_h", "Y_c")[:k]]
+    while outs and not outs[-1]:
+        outs.pop()
+    if layout:
+        attrs["layout"] = 1
+    node = helper.make_node(op, names, outs, hidden_size=HID, direction=direction, **attrs)
+    graph_outputs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs if o]
+    m = helper.make_model(helper.make_graph([node], "rnn", graph_inputs, graph_outputs, inits),
+                          opset_imports=[helper.make_opsetid("", opset)])
+    return m, feeds
+
+
+def _oracle(m, feeds) -> dict:
+    """onnxruntime's outputs. It has no layout=1 kernels: those run as the layout-0 twin (same weights) on
+    transposed inputs, outputs transposed back."""
+    node = m.graph.node[0]
+    layout = next((a.i for a in node.attribute if a.name == "layout"), 0)
+    if layout:
+        m = onnx.ModelProto.FromString(m.SerializeToString())
+        n = m.graph.node[0]
+        kept = [a for a in n.attribute if a.name != "layout"]
+        del n.attribute[:]
+        n.attribute.extend(kept)
+        for v in m.graph.input:
+            dims = v.type.tensor_type.shape.dim
+            if len(dims) == 3:
+                a0, a1 = dims[0].dim_value, dims[1].dim_value
+                dims[0].dim_value, dims[1].dim_value = a1, a0
+        feeds = {k: (v.transpose(1, 0, 2) if v.ndim == 3 else v) for k, v in feeds.items()}
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    out = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+    if layout:
+        out = {k: v.transpose(2, 0, 1, 3) if v.ndim == 4 else v.transpose(1, 0, 2) for k, v in out.items()}
+    return out
+
+
+def _check(tmp_path, m, feeds, rtol=1e-5, atol=1e-5):
+    path = tmp_path / "m.onnx"
+    onnx.save(m, str(path))
+    ref = _oracle(m, feeds)
+    graph, weights = import_onnx(path)
+    rf, _ = bake(graph, weights, BakeOptions.from_profile("exact"))
+    out = Session().compile(rf).run(feeds)
+    assert set(out) == set(ref)
+    for name, v in ref.items():
+        assert out[name].shape == v.shape, name
+        np.testing.assert_allclose(out[name], v, rtol=rtol, atol=atol, err_msg=name)
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("layout", [0, 1])
+def test_directions_and_layouts(tmp_path, op, direction, layout):
+    _check(tmp_path, *_model(op, direction, layout, optional=("B",)))
+
+
+OPTIONALS = {"LSTM": ("B", "sequence_lens", "initial_h", "initial_c", "P"), "GRU": ("B", "sequence_lens", "initial_h"),
+             "RNN": ("B", "sequence_lens", "initial_h")}
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+@pytest.mark.parametrize("direction", ["forward", "bidirectional"])
+def test_every_optional_input_subset(tmp_path, op, direction):
+    names = OPTIONALS[op]
+    for r in range(len(names) + 1):
+        for subset in itertools.combinations(names, r):
+            _check(tmp_path, *_model(op, direction, optional=subset))
+
+
+@pytest.mark.parametrize("op", ["LSTM", "GRU", "RNN"])
+@pytest.mark.parametrize("direction", ["reverse", "bidirectional"])
+def test_sequence_lengths_with_reverse_passes_and_layout_1(tmp_path, op, direction):
+    _check(tmp_path, *_model(op, direction, layout=1, optional=("B", "sequence_lens", "initial_h")))
+
+
+@pytest.mark.parametrize("outputs", [("Y",), ("Y_h",), ("Y_c",), ("Y", "Y_c"), ("Y_h", "Y_c")])
+def test_any_subset_of_outputs(tmp_path, outputs):
+    _check(tmp_path, *_model("LSTM", "bidirectional", optional=("B",), outputs=outputs))
+
+
+@pytest.mark.parametrize("op,acts,alpha,beta", [
+    ("RNN", ["Relu"], None, None),
+    ("RNN", ["LeakyRelu"], [0.3], None),
+    ("RNN", ["ScaledTanh"], [1.5], [0.7]),
+    ("RNN", ["HardSigmoid"], [0.3], [0.4]),
+    ("GRU", ["HardSigmoid", "Softsign"], [0.25], [0.45]),
+    ("GRU", ["Sigmoid", "Elu"], [0.8], None),
+    ("LSTM", ["HardSigmoid", "Tanh", "Softplus"], [0.15], [0.55]),
+    ("LSTM", ["Sigmoid", "ThresholdedRelu", "Affine"], [0.1, 0.9], [0.2]),
+])
+def test_activations_with_alpha_and_beta(tmp_path, op, acts, alpha, beta):
+    attrs = {"activations": acts}
+    if alpha is not None:
+        attrs["activation_alpha"] = alpha
+    if beta is not None:
+        attrs["activation_beta"] = beta
+    _check(tmp_path, *_model(op, optional=("B",), **attrs))
+
+
+def test_clip_input_forget_and_linear_before_reset(tmp_path):
+    _check(tmp_path, *_model("LSTM", "bidirectional", optional=("B", "P"), clip=0.4))
+    _check(tmp_path, *_model("LSTM", optional=("B", "initial_c"), input_forget=1))
+    _check(tmp_path, *_model("GRU", "bidirectional", optional=("B", "initial_h"), linear_before_reset=1))
+    _check(tmp_path, *_model("GRU", optional=("B",), clip=0.3))
+
+
+def test_opset_7_forms(tmp_path):
+    for op in ("LSTM", "GRU", "RNN"):
+        _check(tmp_path, *_model(op, optional=("B",), opset=7))
+
+
+def test_sequence_length_out_of_range_is_a_clear_run_time_error(tmp_path):
+    m, feeds = _model("GRU", optional=("sequence_lens",))
+    path = tmp_path / "m.onnx"
+    onnx.save(m, str(path))
+    graph, weights = import_onnx(path)
+    rf, _ = bake(graph, weights)
+    feeds["L"] = np.array([SEQ + 1, 1, 1], np.int32)
+    from rlx_format import RlxError
+
+    with pytest.raises(RlxError, match=r"\(GRU\).*sequence_lens \[6, 1, 1\] outside \[0, 5\]"):
+        Session().compile(rf).run(feeds)
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU", "RNN"])
+def test_torch_exported_recurrent_models_match_torch_and_onnxruntime(tmp_path, kind):
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    cls = getattr(torch.nn, kind)
+    net = cls(input_size=INP, hidden_size=HID, num_layers=2, batch_first=True, bidirectional=True).eval()
+
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn, self.fc = net, torch.nn.Linear(2 * HID, 3)
+
+        def forward(self, x):
+            y = self.rnn(x)[0]
+            return self.fc(y[:, -1])
+
+    model = Head().eval()
+    x = torch.randn(BATCH, SEQ, INP)
+    path = tmp_path / "t.onnx"
+    torch.onnx.export(model, (x,), str(path), input_names=["x"], output_names=["y"], dynamo=False, opset_version=14)
+    with torch.no_grad():
+        want = model(x).numpy()
+    graph, weights = import_onnx(path)
+    rf, _ = bake(graph, weights, BakeOptions.from_profile("exact"))
+    got = Session().compile(rf).run({"x": x.numpy()})["y"]
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(got, sess.run(None, {"x": x.numpy()})[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
