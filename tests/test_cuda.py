@@ -11,11 +11,17 @@ import pytest
 import test_hoist
 import test_ops_oracle
 import test_properties
+import test_recurrent
 import test_runtime
 from device_harness import backend
 from test_hoist import *  # noqa: F403 - re-run on the device
 from test_ops_oracle import *  # noqa: F403 - re-run on the device
 from test_properties import test_every_compile_path_agrees, test_hoisting_tracks_set_param_sequences  # noqa: F401
+from test_recurrent import (  # noqa: F401 - re-run on the device
+    test_clip_input_forget_and_linear_before_reset,
+    test_directions_and_layouts,
+    test_sequence_lengths_with_reverse_passes_and_layout_1,
+)
 from test_runtime import (  # noqa: F401 - re-run on the device (not the CPU-only ones: threads in a subprocess,
     test_binary_broadcasting_matches_numpy,  # freed-buffer accounting, Gather's range error, cupy absent)
     test_in_place_never_writes_a_buffer_that_a_view_still_shows,
@@ -36,6 +42,7 @@ def device(request):
         mp.setattr(test_hoist, "Session", b.Session)
         mp.setattr(test_runtime, "Session", b.Session)
         mp.setattr(test_properties, "Session", b.Session)
+        mp.setattr(test_recurrent, "Session", b.Session)
         mp.setattr(test_runtime, "run_op", b.run_op)
         yield b
 
