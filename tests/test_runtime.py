@@ -236,3 +236,17 @@ def test_cuda_with_cupy_but_no_gpu_is_a_clear_error(monkeypatch, count, match):
     monkeypatch.setitem(sys.modules, "cupy", fake)
     with pytest.raises(RlxError, match=match):
         Session(Device.CUDA)
+
+
+def test_chains_of_0d_values_run():
+    """A full reduction without keepdims gives a 0-d value; numpy returns scalars for elementwise ops on
+    those, which the plan must never use as an in-place output buffer."""
+    g = GraphBuilder("scalars")
+    x = g.input("x", "f32", [3, 4])
+    lo = g.op("Min", g.constant(np.float32(0), name="zero"), g.op("ReduceMin", x, keepdims=0))
+    hi = g.op("ReduceMax", x, keepdims=0)
+    s = g.op("Sub", g.op("Sub", hi, lo), g.constant(np.float32(0.5), name="half"))
+    g.output(g.op("Mul", g.op("Neg", s), s, name="y"))
+    xv = np.arange(12, dtype=np.float32).reshape(3, 4) - 5
+    want = -((6 - (-5)) - 0.5) ** 2
+    assert float(Session().compile(g.build()).run({"x": xv})["y"]) == pytest.approx(want)

@@ -55,6 +55,7 @@ def generate(plan) -> tuple[object, dict[int, int]]:
         inplace = (plan.xp is np and first is not None and first in st.frees
                    and producer_op.get(name_of[first]) in FRESH_OPS and name_of[first] not in viewed
                    and types[name_of[first]] == types[st.name]
+                   and types[st.name].rank > 0  # numpy hands back scalars, not buffers, for 0-d results
                    and st.ins.count(first) == 1
                    and all(_fits(types[name_of[i]].shape, types[st.name].shape) for i in st.ins[1:]))
         if inplace and st.op in _INPLACE_BINARY and len(st.ins) == 2:

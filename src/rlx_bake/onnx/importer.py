@@ -11,7 +11,7 @@ from rlx_format.errors import RlxError
 from rlx_format.graph import Graph, Value
 
 from ..loader import WeightSet
-from . import lower_math, lower_nn, lower_rnn, lower_shape  # noqa: F401 - they fill LOWER
+from . import lower_math, lower_nn, lower_qint, lower_rnn, lower_shape  # noqa: F401 - they fill LOWER
 from .context import _attrs, _Ctx, _DTYPES, LOWER, onnx, Unsupported
 
 

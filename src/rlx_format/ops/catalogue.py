@@ -10,6 +10,7 @@ from ..dtypes import DTYPES
 from ..errors import GraphError, brief
 
 from .core import INT64_MAX, INT64_MIN, REQUIRED, Attr, OpSpec, _float_unary, _numeric_unary, _same
+from .infer_integer import _conv_integer, _matmul_integer
 from .infer_rnn import OPTIONAL as RNN_OPTIONAL
 from .infer_rnn import _recurrent
 from .infer_elementwise import _argreduce, _arith, _axis_same, _cast, _clip, _compare, _logic, _not, _reduce, _where
@@ -121,6 +122,8 @@ _reg("Resize", 1, _resize, {
     "coordinate_transformation_mode": Attr("str", "half_pixel",
                                            ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")),
     "nearest_mode": Attr("str", "round_prefer_floor", ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil"))})
+_reg("MatMulInteger", (2, 4), _matmul_integer, {"optional": Attr("strs", [])})
+_reg("ConvInteger", (2, 4), _conv_integer, {**_CONV_ATTRS, "optional": Attr("strs", [])})
 for _op in ("LSTM", "GRU", "RNN"):
     _rnn_attrs = {"hidden_size": Attr("int", lo=1),
                   "direction": Attr("str", "forward", ("forward", "reverse", "bidirectional")),
