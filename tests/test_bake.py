@@ -339,3 +339,21 @@ def test_skip_zero_shrinks_the_digits_mlp():
     x = np.random.default_rng(0).random((7, 64)).astype(np.float32) * 16
     np.testing.assert_allclose(run_baked(rf, {"x": x})["probs"], run_baked(plain, {"x": x})["probs"],
                                rtol=1e-6, atol=1e-7)
+
+
+def test_names_added_by_skip_zero_never_collide_with_the_model_s():
+    g = GraphBuilder()
+    x = g.input("x", "f32", ["b", 8])
+    z = g.matmul(x, g.param("w", "f32", [8, 4]), name="mm")
+    taken = g.relu(g.constant(np.ones(4, np.float32), name="mm/skip_zero"), name="mm/skip_shape_x")
+    g.output(g.add(g.relu(z), taken, name="y"))
+    rf, _ = bake(g.build(), {"w": np.zeros((8, 4), np.float32)})
+    x = f32(3, 8)
+    np.testing.assert_array_equal(run_baked(rf, {"x": x})["y"], np.ones((3, 4), np.float32))
+
+
+def test_unique_name():
+    from rlx_format.graph import unique_name
+
+    taken = {"a", "a_2"}
+    assert unique_name("a", taken) == "a_3" and unique_name("b", taken) == "b" and {"a_3", "b"} <= taken

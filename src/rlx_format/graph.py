@@ -91,6 +91,11 @@ class Graph:
     def node_map(self) -> dict[str, Node]:
         return {n.name: n for n in self.nodes}
 
+    def names(self) -> set[str]:
+        """Every name the graph uses: inputs, params, constants and nodes (a set to claim new names from)."""
+        return ({v.name for v in self.inputs} | {p.name for p in self.params} | set(self.constants)
+                | {n.name for n in self.nodes})
+
     def consumers(self) -> dict[str, list[Node]]:
         out: dict[str, list[Node]] = {}
         for n in self.nodes:
@@ -277,6 +282,17 @@ class Graph:
 # C0/C1 control characters (NUL, newline, ...) and lone surrogates, which cannot be encoded as UTF-8
 _BAD_NAME_CHAR = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def unique_name(base: str, taken: set[str]) -> str:
+    """`base`, else `base_2`, `base_3`, ...: the first name not in `taken`, which it then joins. Passes that
+    add nodes claim their names here (from `graph.names()`), so they never collide with the model's."""
+    name, k = base, 1
+    while name in taken:
+        k += 1
+        name = f"{base}_{k}"
+    taken.add(name)
+    return name
 
 
 def check_name(name: object, what: str, empty_ok: bool = False) -> str:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rlx_format.errors import RlxError
-from rlx_format.graph import Graph, Node, Value
+from rlx_format.graph import Graph, Node, Value, unique_name
 
 from .device import Device, device_scope
 from .options import CompileOptions
@@ -79,13 +79,8 @@ def _split(graph: Graph, through_shape: bool) -> HoistSplit | None:
         seen = closure(graph, nodes, [b])
         deps[b] = [p.name for p in graph.params if p.name in seen]
     # main: dynamic nodes, boundary names replaced by fresh inputs
-    taken = {v.name for v in graph.inputs + graph.params} | set(graph.constants) | set(nodes)
-    bmap = {}
-    for b in boundary:
-        name = BOUNDARY_PREFIX + b
-        while name in taken:
-            name += "_"
-        bmap[b] = name
+    taken = graph.names()
+    bmap = {b: unique_name(BOUNDARY_PREFIX + b, taken) for b in boundary}
     main_nodes = [Node(n.name, n.op, [bmap.get(i, i) for i in n.inputs], dict(n.attrs))
                   for n in graph.nodes if n.name in dynamic]
     prepared = {n.name for n in graph.nodes if n.name not in dynamic}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from rlx_format.container import release_pages
-from rlx_format.graph import Graph, Node, Value
+from rlx_format.graph import Graph, Node, Value, unique_name
 
 from .packing import matmul_uses
 
@@ -25,7 +25,13 @@ def _all_zero(w: np.ndarray) -> bool:
     return zero
 
 
-def _shape_source(graph: Graph, node: Node, n_out: int) -> tuple[list[Node], str]:
+def _i64(graph: Graph, taken: set[str], base: str, values: list[int]) -> str:
+    name = unique_name(base, taken)
+    graph.constants[name] = Value(name, "i64", (len(values),), np.array(values, np.int64))
+    return name
+
+
+def _shape_source(graph: Graph, node: Node, n_out: int, taken: set[str]) -> tuple[list[Node], str]:
     """Nodes computing the output shape of MatMul `node` as an i64 tensor, and its name.
 
     Symbolic dims are read from the graph inputs that declare them (the runtime binds each symbol to
@@ -39,39 +45,37 @@ def _shape_source(graph: Graph, node: Node, n_out: int) -> tuple[list[Node], str
                 where.setdefault(d, (v.name, pos))
     base = f"{node.name}/skip"
     nodes: list[Node] = []
+
+    def add(op: str, tag: str, inputs: list[str], attrs: dict | None = None) -> str:
+        nodes.append(Node(unique_name(f"{base}_{tag}", taken), op, inputs, attrs or {}))
+        return nodes[-1].name
+
     if all(isinstance(d, int) or d in where for d in out_t.shape):
         pieces, shapes = [], {}
         for i, d in enumerate(out_t.shape):
             if isinstance(d, int):
-                c = f"{base}_dim{i}"
-                graph.constants[c] = Value(c, "i64", (1,), np.array([d], np.int64))
-                pieces.append(c)
+                pieces.append(_i64(graph, taken, f"{base}_dim{i}", [d]))
                 continue
             inp, pos = where[d]
             if inp not in shapes:
-                shapes[inp] = f"{base}_shape_{inp}"
-                nodes.append(Node(shapes[inp], "Shape", [inp]))
-            nodes.append(Node(f"{base}_dim{i}", "Slice", [shapes[inp]], {"starts": [pos], "ends": [pos + 1]}))
-            pieces.append(f"{base}_dim{i}")
+                shapes[inp] = add("Shape", f"shape_{inp}", [inp])
+            pieces.append(add("Slice", f"dim{i}", [shapes[inp]], {"starts": [pos], "ends": [pos + 1]}))
     else:  # Shape(x)[:-1] ++ [N]
-        n_const = f"{base}_n"
-        graph.constants[n_const] = Value(n_const, "i64", (1,), np.array([n_out], np.int64))
-        nodes += [Node(f"{base}_xshape", "Shape", [node.inputs[0]]),
-                  Node(f"{base}_lead", "Slice", [f"{base}_xshape"], {"starts": [0], "ends": [-1]})]
-        pieces = [f"{base}_lead", n_const]
-    nodes.append(Node(f"{base}_out_shape", "Concat", pieces, {"axis": 0}))
-    return nodes, f"{base}_out_shape"
+        lead = add("Slice", "lead", [add("Shape", "xshape", [node.inputs[0]])], {"starts": [0], "ends": [-1]})
+        pieces = [lead, _i64(graph, taken, f"{base}_n", [n_out])]
+    return nodes, add("Concat", "out_shape", pieces, {"axis": 0})
 
 
-def _zeros_like_output(graph: Graph, node: Node, n_out: int) -> tuple[list[Node], tuple[str, str] | None]:
+def _zeros_like_output(graph: Graph, node: Node, n_out: int,
+                       taken: set[str]) -> tuple[list[Node], tuple[str, str] | None]:
     """The nodes replacing MatMul `node` by zeros; and, for a run-time shape, (zero scalar, shape) so
     that its readers can be rewritten (`_propagate`)."""
     out_t = graph.types[node.name]
     if out_t.is_static():
         zeros = Node(node.name, "ConstantOfShape", [], {"shape": list(out_t.shape), "value": 0.0, "dtype": "f32"})
         return [zeros], None  # static: the fold and simplify that follow remove what it makes trivial
-    nodes, shape = _shape_source(graph, node, n_out)
-    zero = f"{node.name}/skip_zero"
+    nodes, shape = _shape_source(graph, node, n_out, taken)
+    zero = unique_name(f"{node.name}/skip_zero", taken)
     graph.constants[zero] = Value(zero, "f32", (), np.zeros((), np.float32))
     return nodes + [Node(node.name, "Expand", [zero, shape])], (zero, shape)
 
@@ -80,7 +84,7 @@ _UNARY_INFER = {"_float_unary", "_numeric_unary", "_same"}
 _BINARY = {"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow"}
 
 
-def _propagate(graph: Graph, expanded: dict[str, tuple[str, str]], types: dict, report) -> None:
+def _propagate(graph: Graph, expanded: dict[str, tuple[str, str]], types: dict, taken: set[str], report) -> None:
     """Readers of Expand(k, shape) with k known compute on k and expand the result: Relu(Expand(b, s))
     -> Expand(Relu(b), s) (the fold then evaluates Relu(b)), x + zeros -> x, and MatMul of a broadcast row
     by a constant weight -> the expanded product. One forward sweep; exact for elementwise ops (each
@@ -103,7 +107,7 @@ def _propagate(graph: Graph, expanded: dict[str, tuple[str, str]], types: dict, 
         return TensorType(c.dtype, tuple(c.shape)) if c is not None else types[name]
 
     for n in graph.nodes:
-        hits = [i for i in n.inputs if i in expanded] if f"{n.name}/on_row" not in graph.types else []
+        hits = [i for i in n.inputs if i in expanded]
         if not hits:
             out_nodes.append(n)
             continue
@@ -111,7 +115,7 @@ def _propagate(graph: Graph, expanded: dict[str, tuple[str, str]], types: dict, 
         t = types[n.name]
         if len(n.inputs) == 1 and OPS[n.op].infer.__name__ in _UNARY_INFER | {"_cast"}:
             k, s = expanded[n.inputs[0]]
-            new = _on_row(n, n.op, [k], dict(n.attrs), s, expanded)
+            new = _on_row(n, n.op, [k], dict(n.attrs), s, expanded, taken)
             types[new[0].name] = TensorType(t.dtype, type_of(k).shape)
         elif n.op in _BINARY and len(hits) == 1:
             e = hits[0]
@@ -123,27 +127,25 @@ def _propagate(graph: Graph, expanded: dict[str, tuple[str, str]], types: dict, 
                 rewritten += 1
                 continue
             if known(other) and type_of(other).is_static() and type_of(k).is_static():
-                new = _on_row(n, n.op, [k, other] if n.inputs[0] == e else [other, k], dict(n.attrs), s, expanded)
+                new = _on_row(n, n.op, [k, other] if n.inputs[0] == e else [other, k], dict(n.attrs), s, expanded,
+                              taken)
                 types[new[0].name] = TensorType(t.dtype, np.broadcast_shapes(type_of(k).shape, type_of(other).shape))
         elif n.op == "Softmax" and n.inputs[0] in expanded:
             k, s = expanded[n.inputs[0]]
             kt = type_of(k)
             if kt.rank and n.attrs.get("axis", -1) % t.rank == t.rank - 1 and kt.shape[-1] == t.shape[-1]:
-                new = _on_row(n, n.op, [k], {"axis": -1}, s, expanded)
+                new = _on_row(n, n.op, [k], {"axis": -1}, s, expanded, taken)
                 types[new[0].name] = kt
         elif hits == [n.inputs[0]] and n.op == "MatMul" and known(n.inputs[1]) and type_of(n.inputs[1]).rank == 2:
             # a broadcast row times a constant weight: one row's product, expanded
             k, s = expanded[n.inputs[0]]
             kt, wt = type_of(k), type_of(n.inputs[1])
             if kt.rank >= 1 and kt.shape[-1] == wt.shape[0] and isinstance(wt.shape[1], int):
-                row = f"{n.name}/on_row"
-                ncol = f"{n.name}/on_row_n"
-                graph.constants[ncol] = Value(ncol, "i64", (1,), np.array([wt.shape[1]], np.int64))
-                new = [Node(row, "MatMul", [k, n.inputs[1]]),
-                       Node(f"{n.name}/on_row_lead", "Slice", [s], {"starts": [0], "ends": [-1]}),
-                       Node(f"{n.name}/on_row_shape", "Concat", [f"{n.name}/on_row_lead", ncol], {"axis": 0}),
-                       Node(n.name, "Expand", [row, f"{n.name}/on_row_shape"])]
-                expanded[n.name] = (row, f"{n.name}/on_row_shape")
+                row, lead, shape = (unique_name(f"{n.name}/on_row{tag}", taken) for tag in ("", "_lead", "_shape"))
+                ncol = _i64(graph, taken, f"{n.name}/on_row_n", [wt.shape[1]])
+                new = [Node(row, "MatMul", [k, n.inputs[1]]), Node(lead, "Slice", [s], {"starts": [0], "ends": [-1]}),
+                       Node(shape, "Concat", [lead, ncol], {"axis": 0}), Node(n.name, "Expand", [row, shape])]
+                expanded[n.name] = (row, shape)
                 types[row] = TensorType(t.dtype, tuple(kt.shape[:-1]) + (wt.shape[1],))
         if new is None:
             out_nodes.append(n)
@@ -157,9 +159,9 @@ def _propagate(graph: Graph, expanded: dict[str, tuple[str, str]], types: dict, 
         report.notes.append(f"skip-zero: {rewritten} reader(s) of skipped MatMuls computed on one row and expanded")
 
 
-def _on_row(n: Node, op: str, ins: list[str], attrs: dict, shape: str, expanded: dict) -> list[Node]:
+def _on_row(n: Node, op: str, ins: list[str], attrs: dict, shape: str, expanded: dict, taken: set[str]) -> list[Node]:
     """`op` on the unexpanded operands, then Expand to n's shape under n's name."""
-    row = f"{n.name}/on_row"
+    row = unique_name(f"{n.name}/on_row", taken)
     expanded[n.name] = (row, shape)
     return [Node(row, op, ins, attrs), Node(n.name, "Expand", [row, shape])]
 
@@ -167,12 +169,13 @@ def _on_row(n: Node, op: str, ins: list[str], attrs: dict, shape: str, expanded:
 def skip_zero_matmuls(graph: Graph, report) -> Graph:
     rewrites: dict[str, list[Node]] = {}
     expanded: dict[str, tuple[str, str]] = {}
+    taken = graph.names()
     for wname, nodes in matmul_uses(graph).items():
         w = graph.constants[wname].value
         if not _all_zero(w):
             continue
         for node in nodes:
-            rewrites[node.name], exp = _zeros_like_output(graph, node, w.shape[1])
+            rewrites[node.name], exp = _zeros_like_output(graph, node, w.shape[1], taken)
             if exp is not None:
                 expanded[node.name] = exp
             report.skipped.append(node.name)
@@ -182,5 +185,5 @@ def skip_zero_matmuls(graph: Graph, report) -> Graph:
         types = dict(graph.types)
         graph.nodes = [m for n in graph.nodes for m in rewrites.get(n.name, [n])]
         if expanded:
-            _propagate(graph, expanded, types, report)
+            _propagate(graph, expanded, types, taken, report)
     return graph.validate()

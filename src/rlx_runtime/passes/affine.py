@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from rlx_format.dtypes import NUMPY_DTYPES
-from rlx_format.graph import Graph, Node, Value
+from rlx_format.graph import Graph, Node, Value, unique_name
 
 from .evaluate import KNOWN, binding_times
 
@@ -26,16 +26,11 @@ _FLOATS = ("f32", "f64", "f16")
 class _Emitter:
     """Appends weight-arithmetic nodes (inserted right before the node being rewritten)."""
 
-    def __init__(self, graph: Graph, base: str):
-        self.graph, self.base, self.nodes = graph, base, []
-        self._taken = set(graph.types) | set(graph.constants)
+    def __init__(self, graph: Graph, base: str, taken: set[str]):
+        self.graph, self.base, self.nodes, self._taken = graph, base, [], taken
 
     def _name(self, tag: str) -> str:
-        name = f"{self.base}/{tag}"
-        while name in self._taken:
-            name += "_"
-        self._taken.add(name)
-        return name
+        return unique_name(f"{self.base}/{tag}", self._taken)
 
     def op(self, op: str, *inputs: str, **attrs) -> str:
         name = self._name(op.lower())
@@ -72,6 +67,7 @@ def _round(graph: Graph, report) -> bool:
     known = {k for k, t in bt.items() if t == KNOWN}
     rewrites: dict[str, list[Node]] = {}
     removed: set[str] = set()
+    taken = graph.names()
     for node in graph.nodes:
         src = producers.get(node.inputs[0]) if node.inputs else None
         if src is None or src.name in outputs or len(users.get(src.name, [])) != 1:
@@ -81,7 +77,7 @@ def _round(graph: Graph, report) -> bool:
         t = graph.types[src.name]
         if t.dtype not in _FLOATS or any(i not in known for i in src.inputs[1:]):
             continue
-        new = _rewrite(graph, node, src, known, t)
+        new = _rewrite(graph, node, src, known, t, taken)
         if new is not None:
             rewrites[node.name] = new
             removed.add(src.name)
@@ -94,7 +90,7 @@ def _round(graph: Graph, report) -> bool:
     return True
 
 
-def _rewrite(graph: Graph, node: Node, src: Node, known: set[str], t) -> list[Node] | None:
+def _rewrite(graph: Graph, node: Node, src: Node, known: set[str], t, taken: set[str]) -> list[Node] | None:
     rank = t.rank
     wt = graph.types[src.inputs[1]]
     if not wt.is_static():
@@ -112,7 +108,7 @@ def _rewrite(graph: Graph, node: Node, src: Node, known: set[str], t) -> list[No
             return None
         axis, channels = 1, wt.shape[1]
         w_shape = [1, -1] + [1] * (wt.rank - 2)
-    e = _Emitter(graph, node.name)
+    e = _Emitter(graph, node.name, taken)
     dtype = t.dtype
     bias = src.inputs[2] if len(src.inputs) > 2 else None
     if node.op == "BatchNormalization":
