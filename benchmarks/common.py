@@ -17,6 +17,7 @@ class Row:
     peer_name: str
     goal: str         # e.g. "<= 3.0x"
     unit: str = "ms"
+    origin: str = ""  # where the goal comes from (the commit that set it, or what it is derived from)
 
     @property
     def ratio(self) -> float:

@@ -12,6 +12,7 @@ from common import Row, best_of, env_note, print_rows
 from rlx_format.sealed import KDF_PROFILES, HEADER_BYTES, _decrypt_chunks, _SealingWriter, new_header
 
 SIZE = 256 << 20
+ORIGIN = "target set with the first benchmarks (ef6ed04): chunking keeps >= 0.8x the raw AEAD's throughput"
 
 
 def main() -> list[Row]:
@@ -47,8 +48,10 @@ def main() -> list[Row]:
     t_raw_enc = best_of(lambda: raw.encrypt(nonce, data, b""), repeat=3)
     t_open = best_of(open_, repeat=3)
     t_raw_dec = best_of(lambda: raw.decrypt(nonce, ct, b""), repeat=3)
-    return [Row("crypto", "seal 256 MiB (in memory)", t_seal, t_raw_enc, "raw ChaCha20Poly1305", "<= 1.25x"),
-            Row("crypto", "open 256 MiB (in memory)", t_open, t_raw_dec, "raw ChaCha20Poly1305", "<= 1.25x")]
+    return [Row("crypto", "seal 256 MiB (in memory)", t_seal, t_raw_enc, "raw ChaCha20Poly1305", "<= 1.25x",
+                origin=ORIGIN),
+            Row("crypto", "open 256 MiB (in memory)", t_open, t_raw_dec, "raw ChaCha20Poly1305", "<= 1.25x",
+                origin=ORIGIN)]
 
 
 if __name__ == "__main__":

@@ -111,7 +111,8 @@ def main() -> list[Row]:
             np.testing.assert_allclose(compiled.run(feeds)[g.outputs[0]], ref, rtol=1e-3, atol=1e-4)
             t_rlx = best_of(lambda c=compiled, f=feeds: c.run(f), number=5)
             t_ort = best_of(lambda s=sess, f=feeds: s.run(None, f), number=5)
-            rows.append(Row("onnx", name, t_rlx, t_ort, "onnxruntime", goal))
+            rows.append(Row("onnx", name, t_rlx, t_ort, "onnxruntime", goal,
+                            origin="target set with this benchmark (044eeb3)"))
     return rows
 
 

@@ -16,13 +16,14 @@ BENCHES = ["runtime_overhead", "onnx_vs_ort", "minilm", "hoist", "pe_cache", "qu
 
 def main(selected: list[str]) -> int:
     print(env_note())
-    rows, t0 = [], time.perf_counter()
+    rows, not_run, t0 = [], [], time.perf_counter()
     for name in selected or BENCHES:
         t = time.perf_counter()
         try:
             module = importlib.import_module(name)
         except ImportError as e:  # e.g. the MiniLM weights package is not installed
-            print(f"[{name}: skipped: {e}]", file=sys.stderr)
+            not_run.append(f"{name} ({e})")
+            print(f"[{name}: not run: {e}]", file=sys.stderr)
             continue
         rows += module.main()
         print(f"[{name}: {time.perf_counter() - t:.1f}s]", file=sys.stderr)
@@ -31,6 +32,9 @@ def main(selected: list[str]) -> int:
         print(r.line())
     missed = [r for r in rows if not r.met()]
     print(f"\n{len(rows) - len(missed)} goals met, {len(missed)} missed ({time.perf_counter() - t0:.0f}s)")
+    if not_run:  # a missing peer (or model) is a failed run, not a shorter table
+        print(f"not run ({len(not_run)}): " + "; ".join(not_run))
+        return 1
     return 0
 
 

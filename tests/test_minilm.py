@@ -22,6 +22,9 @@ from rlx_format.sealed import KDF_PROFILES  # noqa: E402
 from rlx_runtime import Session  # noqa: E402
 
 
+EXACT_ATOL = 5e-7
+
+
 def torch_reference(weights: dict, config: dict, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """BERT + mean pooling + normalize, written with torch.nn.functional from the raw tensors."""
     W = {k: torch.from_numpy(np.array(v)) for k, v in weights.items()}
@@ -96,8 +99,10 @@ def test_minilm_exact_size_sealed_against_torch(setup, tmp_path):
             sealed = Session().compile(read_rlx(tmp_path / "sealed.rlx", password="pw")).run(
                 {"input_ids": ids, "attention_mask": mask})["embeddings"]
             np.testing.assert_array_equal(sealed, results["size"])
-    assert _cos(results["exact"], ref).min() >= 0.99999, _cos(results["exact"], ref)
+    # exact: float32 rounding differences only. Measured max |rlx - torch| is 1.2e-7 to 1.8e-7 on entries up to
+    # 0.19; a tanh GELU or a LayerNorm epsilon of 1e-5 instead of the model's 1e-12 moves it past 5e-7
+    np.testing.assert_allclose(results["exact"], ref, rtol=0, atol=EXACT_ATOL)
     assert _cos(results["size"], ref).min() >= 0.999, _cos(results["size"], ref)
-    # padding really is ignored: the short sequence alone gives the same embedding
+    # padding really is ignored: the short sequence alone gives the same embedding (measured 8e-8)
     alone = Session().compile(bake(graph, weights)[0]).run({"input_ids": ids[3:, :3], "attention_mask": mask[3:, :3]})
-    assert _cos(alone["embeddings"], results["exact"][3:]).min() >= 0.99999
+    np.testing.assert_allclose(alone["embeddings"], results["exact"][3:], rtol=0, atol=EXACT_ATOL)

@@ -169,6 +169,19 @@ def test_kdf_caps_refused_before_hashing(tmp_path, sealed_bytes, monkeypatch):
         write_rlx_encrypted(tmp_path / "w.rlx", artifact(1), "pw", KdfParams(1 << 30, 1, 1))
 
 
+@pytest.mark.parametrize("m,t,p", [(KDF_MAX_MEMORY_KIB + 1, 1, 1), (8 << 10, 17, 1), (8 << 10, 1, 65),
+                                   (8 << 10, 0, 1), (8 << 10, 1, 0), ((8 << 10) - 1, 1, 1)])
+def test_each_kdf_limit_is_refused_before_hashing(tmp_path, sealed_bytes, monkeypatch, m, t, p):
+    """One past each documented cap and floor (memory, iterations, lanes)."""
+    import rlx_format.sealed as sealed
+    monkeypatch.setattr(sealed, "hash_secret_raw", lambda *a, **k: pytest.fail("Argon2 ran on a refused header"))
+    b = bytearray(sealed_bytes)
+    struct.pack_into("<III", b, 16, m, t, p)
+    (tmp_path / "dos.rlx").write_bytes(bytes(b))
+    with pytest.raises(KdfLimitError, match=f"memory={m} KiB, iterations={t}, lanes={p} are outside"):
+        read_rlx_with_password(tmp_path / "dos.rlx", "x")
+
+
 def test_default_kdf_is_rfc9106_second_profile():
     assert KdfParams() == KdfParams(64 * 1024, 3, 4)
 

@@ -1,0 +1,208 @@
+"""`make check-tests`: do the tests catch the bugs that matter? A curated mutation check.
+
+Each mutant plants one plausible bug in an invariant (sealing, rounding, folding, hoisting, skip-zero,
+bf16, Slice clamps, alignment) into a temporary copy of src/, runs the test files that should catch it
+(with PYTHONPATH pointing at the copy), and counts it killed when a test fails. Every mutation patches
+one exact source snippet; a snippet that is not found exactly once fails the run, so the list cannot rot
+silently when the code changes.
+
+Usage: python scripts/mutants.py [-k SUBSTRING] [--list]
+Exits 1 when a mutant survives, a snippet is missing, or the unmutated tests do not pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    invariant: str
+    patches: tuple[tuple[str, str, str], ...]  # (path under src/, exact old snippet, replacement)
+    tests: tuple[str, ...]                      # test files (under tests/) that must kill it
+
+
+SEALED = "rlx_format/sealed.py"
+QUANTS = "rlx_format/quants.py"
+EVAL = "rlx_runtime/passes/evaluate.py"
+GUARD = "if out_b > max(min_bytes, growth_limit * in_b):"
+SLICE = "rlx_format/ops/infer_shape.py"
+KDF_TESTS = ("test_sealed.py::test_kdf_caps_refused_before_hashing",  # (the tamper matrix would also kill these,
+             "test_sealed.py::test_each_kdf_limit_is_refused_before_hashing")  # after minutes of Argon2 work)
+
+MUTANTS = [
+    Mutant("aad_dropped", "every chunk authenticates the sealed header (AAD)",
+           ((SEALED, "memoryview(self.buf)[:size], self.aad, out)", "memoryview(self.buf)[:size], b\"\", out)"),
+            (SEALED, "aead.decrypt_into(h.nonce(i), view, aad,", "aead.decrypt_into(h.nonce(i), view, b\"\",")),
+           ("test_known_answers.py", "test_sealed.py")),
+    Mutant("nonce_counter_fixed", "the nonce counts chunks (reordering fails)",
+           ((SEALED, 'struct.pack(">IB", i, 1 if', 'struct.pack(">IB", 0, 1 if'),),
+           ("test_known_answers.py", "test_sealed.py")),
+    Mutant("last_chunk_flag_off", "the last chunk's nonce carries the last-chunk flag",
+           ((SEALED, "1 if i == self.n_chunks - 1 else 0)", "0)"),),
+           ("test_known_answers.py", "test_sealed.py")),
+    Mutant("kdf_memory_cap_gone", "readers refuse Argon2 memory above the cap before hashing",
+           ((SEALED, "KDF_MIN_MEMORY_KIB <= m <= KDF_MAX_MEMORY_KIB", "KDF_MIN_MEMORY_KIB <= m"),),
+           KDF_TESTS),
+    Mutant("kdf_time_cap_gone", "readers refuse Argon2 iterations above the cap before hashing",
+           ((SEALED, "KDF_MIN_TIME <= t <= KDF_MAX_TIME", "KDF_MIN_TIME <= t"),),
+           KDF_TESTS),
+    Mutant("kdf_lanes_cap_gone", "readers refuse more Argon2 lanes than the cap before hashing",
+           ((SEALED, "1 <= p <= KDF_MAX_LANES", "1 <= p"),),
+           KDF_TESTS),
+    Mutant("digest_not_checked", "verify recomputes and compares every weight digest",
+           (("rlx_format/container.py", "            if got != w.digest:\n", "            if False:\n"),),
+           ("test_container.py", "test_reader_hardening.py", "test_cli.py")),
+    Mutant("alignment_32", "tensors start at 64-byte aligned offsets",
+           (("rlx_format/constants.py", "ALIGNMENT = 64 ", "ALIGNMENT = 32 "),),
+           ("test_known_answers.py", "test_container.py")),
+    Mutant("q8_0_ties_to_zero", "Q8_0/TQ2_0 round exact .5 ties away from zero",
+           ((QUANTS, "a - fl >= _HALF else fl", "a - fl > _HALF else fl"),),
+           ("test_known_answers.py", "test_quants.py")),
+    Mutant("q8_0_ties_to_even", "Q8_0 rounds half away from zero, not to even",
+           ((QUANTS, "np.int8(min(max(_roundf(x[b, i] * inv),", "np.int8(min(max(np.rint(x[b, i] * inv),"),),
+           ("test_known_answers.py", "test_quants.py")),
+    Mutant("tq2_0_ties_to_even", "TQ2_0 rounds half away from zero, not to even",
+           ((QUANTS, "_roundf(x[b, j * 128 + l * 32 + m] * inv)", "np.rint(x[b, j * 128 + l * 32 + m] * inv)"),),
+           ("test_known_answers.py", "test_quants.py")),
+    Mutant("bf16_truncates", "f32 -> bf16 rounds to nearest even",
+           (("rlx_format/dtypes.py", "rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16",
+             "rounded = (u >> 16) << 16"),),
+           ("test_known_answers.py",)),
+    Mutant("bf16_ties_away", "f32 -> bf16 breaks ties to even, not away from zero",
+           (("rlx_format/dtypes.py", "rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16",
+             "rounded = ((u + 0x8000) >> 16) << 16"),),
+           ("test_known_answers.py",)),
+    Mutant("fold_guard_min", "a boundary folds up to max(min_bytes, growth x its constants)",
+           ((EVAL, GUARD, GUARD.replace("max", "min")),),
+           ("test_guard_edges.py", "test_partial_eval.py")),
+    Mutant("fold_guard_off_by_one", "a boundary of exactly growth x its constants still folds",
+           ((EVAL, GUARD, GUARD.replace(">", ">=")),),
+           ("test_guard_edges.py", "test_partial_eval.py")),
+    Mutant("fold_guard_first_leaf", "the guard counts every constant the closure reads",
+           ((EVAL, "return sum(origin.get(k, v.value.nbytes) for k, v in c.leaves.items())",
+             "return max(origin.get(k, v.value.nbytes) for k, v in c.leaves.items())"),),
+           ("test_guard_edges.py", "test_partial_eval.py")),
+    Mutant("budget_strict", "a sweep that needs exactly the budget fits",
+           ((EVAL, "if peak <= budget:", "if peak < budget:"),),
+           ("test_guard_edges.py", "test_partial_eval.py")),
+    Mutant("budget_forgets_results", "at compile the folded results count against the budget",
+           ((EVAL, "keep_results = growth_limit is None", "keep_results = False"),),
+           ("test_guard_edges.py", "test_partial_eval.py")),
+    Mutant("hoist_first_owner_only", "set_param invalidates every boundary that reads the param",
+           (("rlx_runtime/hoist.py", "        for b in owners:\n", "        for b in owners[:1]:\n"),),
+           ("test_guard_edges.py", "test_hoist.py")),
+    Mutant("skip_zero_probes_ends", "skip-zero reads the whole weight, not its first/last values",
+           (("rlx_bake/passes/skip_zero.py", "zero = not np.any(flat)", "zero = True"),),
+           ("test_guard_edges.py", "test_bake.py")),
+    Mutant("slice_neg_end_clamp", "a negative-step Slice end clamps to -1 (before index 0)",
+           ((SLICE, "min(max(end, -1), d - 1)", "min(max(end, 0), d - 1)"),),
+           ("test_known_answers.py", "test_ops_oracle.py")),
+    Mutant("slice_neg_start_clamp", "a negative-step Slice start clamps to d - 1",
+           ((SLICE, "return min(max(start, 0), d - 1), min", "return min(max(start, 0), d), min"),),
+           ("test_known_answers.py", "test_ops_oracle.py")),
+    Mutant("gelu_tanh", "Gelu without `approximate` is the exact erf form",
+           (("rlx_runtime/kernels/elementwise.py", 'if a["approximate"] == "tanh":', "if True:"),),
+           ("test_minilm.py",)),
+    Mutant("layernorm_eps_floor", "LayerNorm uses the model's epsilon (MiniLM: 1e-12)",
+           (("rlx_runtime/kernels/nn.py", 'y = d / xp.sqrt(var + x.dtype.type(a["epsilon"])) * scale',
+             'y = d / xp.sqrt(var + x.dtype.type(max(a["epsilon"], 1e-5))) * scale'),),
+           ("test_minilm.py",)),
+]
+
+
+def _apply(tree: Path, m: Mutant) -> list[Path]:
+    """Patch the copy in place; return the files touched. Each snippet must occur exactly once."""
+    touched = []
+    for rel, old, new in m.patches:
+        path = tree / rel
+        text = path.read_text()
+        count = text.count(old)
+        if count != 1:
+            raise SystemExit(f"mutant {m.name}: snippet found {count} times in src/{rel} (expected once); "
+                             f"update scripts/mutants.py to the current code:\n  {old!r}")
+        path.write_text(text.replace(old, new))
+        touched.append(path)
+    return touched
+
+
+def _pytest(src: Path, cache: Path, tests: tuple[str, ...]) -> tuple[int, str]:
+    env = dict(os.environ, PYTHONPATH=str(src), NUMBA_CACHE_DIR=str(cache), CI="1", PYTHONDONTWRITEBYTECODE="1")
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-rf", "-p", "no:cacheprovider", "-m", "not slow and not cuda",
+           *[f"tests/{t}" for t in tests]]
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    return r.returncode, r.stdout + r.stderr
+
+
+def _killed_by(output: str) -> str:
+    hit = re.search(r"^FAILED (\S+)", output, re.M)
+    return hit.group(1).removeprefix("tests/") if hit else "?"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-k", default="", help="run only mutants whose name contains this")
+    ap.add_argument("--list", action="store_true", help="list the mutants and exit")
+    args = ap.parse_args()
+    chosen = [m for m in MUTANTS if args.k in m.name]
+    if args.list:
+        for m in chosen:
+            print(f"{m.name:24} {m.invariant}  [{', '.join(m.tests)}]")
+        return 0
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="rlx-mutants-") as tmp:
+        tree, cache = Path(tmp) / "src", Path(tmp) / "numba"
+        shutil.copytree(ROOT / "src", tree, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        for m in chosen:  # every snippet must be present before spending minutes on tests
+            for p in _apply(tree, m):
+                shutil.copy2(ROOT / "src" / p.relative_to(tree), p)
+        # the unmutated copy must pass the tests the mutants rely on (and is the one being imported)
+        probe = subprocess.run([sys.executable, "-c", "import rlx_format; print(rlx_format.__file__)"],
+                               env=dict(os.environ, PYTHONPATH=str(tree)), capture_output=True, text=True)
+        if not probe.stdout.startswith(str(tree)):
+            print(f"the copy is not what gets imported: {probe.stdout.strip() or probe.stderr.strip()}")
+            return 1
+        files = tuple(dict.fromkeys(t for m in chosen for t in m.tests))
+        t0 = time.monotonic()
+        rc, out = _pytest(tree, cache, files)
+        if rc != 0:
+            print(out[-4000:])
+            print(f"baseline: the unmutated tests fail (exit {rc}); fix them first")
+            return 1
+        print(f"baseline: {len(files)} test files pass on the unmutated copy ({time.monotonic() - t0:.0f} s)\n")
+        print(f"{'mutant':24} {'result':9} {'seconds':>7}  killed by")
+        survived = []
+        for m in chosen:
+            t0 = time.monotonic()
+            touched = _apply(tree, m)
+            try:
+                rc, out = _pytest(tree, cache, m.tests)
+            finally:
+                for p in touched:  # restore the original bytes and mtime (numba and bytecode caches key on it)
+                    shutil.copy2(ROOT / "src" / p.relative_to(tree), p)
+            result = {0: "SURVIVED", 1: "killed"}.get(rc, f"error {rc}")
+            if rc != 1:
+                survived.append(m.name)
+            by = _killed_by(out) if rc == 1 else ("-" if rc == 0 else out.strip().splitlines()[-1][:80])
+            print(f"{m.name:24} {result:9} {time.monotonic() - t0:7.1f}  {by}", flush=True)
+    print(f"\n{len(chosen) - len(survived)} of {len(chosen)} mutants killed in {time.monotonic() - start:.0f} s")
+    if survived:
+        print(f"not killed: {', '.join(survived)}: add a test that fails on that bug")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
