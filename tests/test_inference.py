@@ -78,6 +78,15 @@ for _op in ["Sub", "Mul", "Div", "Pow", "Max", "Min"]:
     CASES[_op] = ([("f32", [B, 5]), ("f32", [5])], {}, ("f32", (B, 5)))
 for _op in ["Less", "LessEqual", "Greater", "GreaterEqual"]:
     CASES[_op] = ([("f32", [B, 5]), ("f32", [1])], {}, ("bool", (B, 5)))
+CASES["LSTM"] = ([("f32", [7, B, 5]), ("f32", [2, 24, 5]), ("f32", [2, 24, 6]), ("f32", [2, 48])],
+                 {"hidden_size": 6, "direction": "bidirectional", "optional": ["B"]}, ("f32", (9, 2, B, 6)))
+CASES["GRU"] = ([("f32", [7, B, 5]), ("f32", [1, 18, 5]), ("f32", [1, 18, 6]), ("i32", [B])],
+                {"hidden_size": 6, "optional": ["sequence_lens"]}, ("f32", (8, 1, B, 6)))
+CASES["RNN"] = ([("f32", [7, B, 5]), ("f32", [1, 6, 5]), ("f32", [1, 6, 6])], {"hidden_size": 6},
+                ("f32", (8, 1, B, 6)))
+CASES["MatMulInteger"] = ([("u8", [B, 16]), ("i8", [16, 4]), ("i8", [4])], {"optional": ["b_zero_point"]},
+                          ("i32", (B, 4)))
+CASES["ConvInteger"] = ([("u8", [B, 3, 8, 8]), ("u8", [4, 3, 3, 3])], {}, ("i32", (B, 4, 6, 6)))
 for _op in ["Or"]:
     CASES[_op] = ([("bool", [B, 5]), ("bool", [5])], {}, ("bool", (B, 5)))
 for _op in ["ReduceMax", "ReduceMin", "ReduceProd"]:
@@ -129,6 +138,11 @@ def test_dynamic_range_gets_fresh_symbol():
     ("Add", [("f32", [3]), ("f32", [4])], {}, "do not broadcast"),
     ("Add", [("f32", [3]), ("i64", [3])], {}, "expected one dtype"),
     ("MatMul", [("f32", [2, 3]), ("f32", [4, 5])], {}, "inner dims differ"),
+    ("LSTM", [("f32", [7, 2, 5]), ("f32", [1, 20, 5]), ("f32", [1, 24, 6])], {"hidden_size": 6},
+     r"W has shape \[1, 20, 5\]; expected \[1, 24, 5\]"),
+    ("GRU", [("f32", [7, 2, 5]), ("f32", [1, 18, 5]), ("f32", [1, 18, 6])], {"hidden_size": 6, "optional": ["P"]},
+     "expected a subset of"),
+    ("MatMulInteger", [("f32", [2, 3]), ("u8", [3, 5])], {}, "input 0 has dtype f32; expected u8 or i8"),
     ("Conv", [("f32", [1, 3, 8, 8]), ("f32", [4, 2, 3, 3])], {}, "input channels 3 != weight in-channels 2"),
     ("Reshape", [("f32", [2, 3])], {"shape": [4, 2]}, "cannot reshape"),
     ("Squeeze", [("f32", [2, 3])], {"axes": [0]}, "cannot squeeze axis 0 of size 2"),
