@@ -13,7 +13,8 @@ import threading
 import numpy as np
 
 from rlx_format.numba_setup import numba
-from rlx_format.quants import ENCODINGS, dequantize
+from rlx_format.codecs import CODECS, get_codec
+from rlx_format.quants import block_fields, dequantize, dequantize_fields
 
 prange = numba.prange
 
@@ -131,26 +132,50 @@ def _tq2_0_rows(pk, n0, n1, buf):
                         brow[b * 256 + j * 128 + l * 32 + i] = q * d
 
 
+def q8_0_fused(x2, pk, out):
+    parallel_call(_q8_0_fused, x2, pk, pk.view(np.int8), out)
+
+
+def tq2_0_fused(x2, pk, out):
+    parallel_call(_tq2_0_fused, x2, pk, out)
+
+
+def q8_0_rows(pk, n0, n1, buf):
+    _q8_0_rows(pk, pk.view(np.int8), n0, n1, buf)
+
+
+def tq2_0_rows(pk, n0, n1, buf):
+    _tq2_0_rows(pk, n0, n1, buf)
+
+
+def _array_rows(encoding: str):
+    """Row-tile decoder for a codec without a numba one: the registry's array-op decoder on numpy."""
+    def rows(pk, n0, n1, buf):
+        with np.errstate(invalid="ignore"):  # an infinite scale times code 0 is NaN, as in dequantize()
+            dequantize_fields(np, block_fields(np, pk[n0:n1], encoding), encoding, buf[: n1 - n0])
+    return rows
+
+
+# encoding -> (fused dot kernel or None, row-tile decoder), as each codec names them
+_CPU = {name: (globals()[c.cpu_fused] if c.cpu_fused else None,
+               globals()[c.cpu_rows] if c.cpu_rows else _array_rows(name)) for name, c in CODECS.items()}
+
+
 def dequant_matmul(x: np.ndarray, packed: np.ndarray, encoding: str, n: int, k: int) -> np.ndarray:
     """x[..., K] f32 @ W.T where W (N, K) is given as packed GGML rows -> [..., N] f32."""
+    fused, rows = _CPU[get_codec(encoding, "DequantMatMul").name]
     lead = x.shape[:-1]
     x2 = np.ascontiguousarray(x.reshape(-1, k), dtype=np.float32)
     pk = np.ascontiguousarray(packed)
     m = x2.shape[0]
     out = np.empty((m, n), np.float32)
-    if m <= FUSED_MAX_ROWS:
-        if encoding == "gguf_q8_0":
-            parallel_call(_q8_0_fused, x2, pk, pk.view(np.int8), out)
-        else:
-            parallel_call(_tq2_0_fused, x2, pk, out)
+    if m <= FUSED_MAX_ROWS and fused is not None:
+        fused(x2, pk, out)
     else:
         buf = np.empty((min(TILE_ROWS, n), k), np.float32)
         for n0 in range(0, n, TILE_ROWS):
             n1 = min(n, n0 + TILE_ROWS)
-            if encoding == "gguf_q8_0":
-                _q8_0_rows(pk, pk.view(np.int8), n0, n1, buf)
-            else:
-                _tq2_0_rows(pk, n0, n1, buf)
+            rows(pk, n0, n1, buf)
             out[:, n0:n1] = x2 @ buf[: n1 - n0].T  # (matmul into a strided `out=` skips BLAS)
     return out.reshape(*lead, n)
 
@@ -159,4 +184,4 @@ def dequantize_cpu(packed: np.ndarray, encoding: str, shape: list[int]) -> np.nd
     return dequantize(packed, encoding).reshape(shape)
 
 
-__all__ = ["dequant_matmul", "dequantize_cpu", "ENCODINGS"]
+__all__ = ["dequant_matmul", "dequantize_cpu"]
