@@ -38,6 +38,7 @@ def _edge_cases(block: int):
     yield "wide", (R.standard_normal((2, block)) * 3e4).clip(-6e4, 6e4).astype(np.float32)
     t = (np.sign(R.standard_normal((3, block))) * (R.random((3, block)) < 0.6)).astype(np.float32)
     yield "ternary", t * np.float32([[1.0], [0.125], [3.0]])
+    yield "many_ternary", R.integers(-1, 2, (64, 4096)).astype(np.float32)  # every TQ1_0 byte value, w.h.p.
 
 
 CASES = [(enc, name, x) for enc in NAMES for name, x in _edge_cases(CODECS[enc].block)]
