@@ -27,8 +27,11 @@ class Codec:
     fields: Callable             # (xp, b u8 [R, nb, nbytes]) -> tuple of per-row arrays [R, nb, ...]
     decode: Callable             # (xp, fields, out f32 [R, nb, block]) -> None
     ternary: bool = False        # codes are {-1, 0, 1} * d: lossless for {-a, 0, a} blocks with fp16-exact a
-    cpu_fused: str | None = None  # rlx_runtime.quant_kernels names: fused dot kernel and row-tile decoder
+    # rlx_runtime.quant_kernels names: a fused dot kernel, a row-tile decoder, a block decoder (the fused and
+    # row kernels are built on it where the first two are not given; with none, the array-op decoder runs)
+    cpu_fused: str | None = None
     cpu_rows: str | None = None
+    cpu_block: str | None = None
     cuda_gemv: str | None = None  # entry point in rlx_runtime/cuda/kernels.cu
 
     @property
@@ -159,11 +162,16 @@ def _tq1_0_decode(xp, f, out):
 CODECS: dict[str, Codec] = {c.name: c for c in (
     Codec("gguf_q8_0", "Q8_0", 32, 34, (0,), "_q8_0_blocks", _q8_0_fields, _q8_0_decode,
           cpu_fused="q8_0_fused", cpu_rows="q8_0_rows", cuda_gemv="rlx_q8_0_gemv"),
-    Codec("gguf_q4_0", "Q4_0", 32, 18, (0,), "_q4_0_blocks", _q4_0_fields, _q4_0_decode),
-    Codec("gguf_q4_1", "Q4_1", 32, 20, (0, 2), "_q4_1_blocks", _q4_1_fields, _q4_1_decode),
-    Codec("gguf_q5_0", "Q5_0", 32, 22, (0,), "_q5_0_blocks", _q5_0_fields, _q5_0_decode),
-    Codec("gguf_q5_1", "Q5_1", 32, 24, (0, 2), "_q5_1_blocks", _q5_1_fields, _q5_1_decode),
-    Codec("gguf_tq1_0", "TQ1_0", 256, 54, (52,), "_tq1_0_blocks", _tq1_0_fields, _tq1_0_decode, ternary=True),
+    Codec("gguf_q4_0", "Q4_0", 32, 18, (0,), "_q4_0_blocks", _q4_0_fields, _q4_0_decode,
+          cpu_block="_dec_q4_0"),
+    Codec("gguf_q4_1", "Q4_1", 32, 20, (0, 2), "_q4_1_blocks", _q4_1_fields, _q4_1_decode,
+          cpu_block="_dec_q4_1"),
+    Codec("gguf_q5_0", "Q5_0", 32, 22, (0,), "_q5_0_blocks", _q5_0_fields, _q5_0_decode,
+          cpu_block="_dec_q5_0"),
+    Codec("gguf_q5_1", "Q5_1", 32, 24, (0, 2), "_q5_1_blocks", _q5_1_fields, _q5_1_decode,
+          cpu_block="_dec_q5_1"),
+    Codec("gguf_tq1_0", "TQ1_0", 256, 54, (52,), "_tq1_0_blocks", _tq1_0_fields, _tq1_0_decode, ternary=True,
+          cpu_fused="tq1_0_fused", cpu_block="_dec_tq1_0"),
     Codec("gguf_tq2_0", "TQ2_0", 256, 66, (64,), "_tq2_0_blocks", _tq2_0_fields, _tq2_0_decode, ternary=True,
           cpu_fused="tq2_0_fused", cpu_rows="tq2_0_rows", cuda_gemv="rlx_tq2_0_gemv"),
 )}
