@@ -75,14 +75,19 @@ def _signed_absmax(x, b, n):
     return mx
 
 
+# max(|x|) is exact in any order and the input is checked finite, so these flags change nothing but
+# let LLVM vectorize the reduction (a separate, not inlined function: the flags stay local to it).
+@numba.njit(cache=True, fastmath={"reassoc", "nnan", "nsz"})
+def _absmax_row(r):
+    amax = _F0
+    for i in range(r.shape[0]):
+        amax = max(amax, abs(r[i]))
+    return amax
+
+
 @numba.njit(cache=True, inline="always")
 def _absmax(x, b, n):
-    amax = _F0
-    for i in range(n):
-        v = abs(x[b, i])
-        if v > amax:
-            amax = v
-    return amax
+    return _absmax_row(x[b, :n])
 
 
 # Kernels: x f32 [nb, block], s f32 [nb, n_scales] (written here, stored as fp16 by quantize()),
@@ -132,32 +137,34 @@ def _q4_1_blocks(x, s, out):  # d = (max - min) / 15, m = min, q = trunc((x - mi
 
 
 @numba.njit(cache=True, inline="always")
-def _q5_codes(out, b, q, qh_at, qs_at):
-    """5-bit codes q[32] -> low nibbles (j, j + 16 share byte j) and bit 4 of code j at bit j of a LE u32."""
-    h = np.uint32(0)
-    for j in range(16):
-        out[b, qs_at + j] = (q[j] & 15) | ((q[j + 16] & 15) << 4)
-    for j in range(32):
-        h |= np.uint32((q[j] >> 4) & 1) << np.uint32(j)
+def _q5_pack(out, b, j, lo, hi, h, qs_at):
+    """Codes j and j + 16: low nibbles share byte j; bit 4 of code j goes to bit j of a LE u32 (returned)."""
+    out[b, qs_at + j] = (lo & 15) | ((hi & 15) << 4)
+    return h | (np.int64(lo >> 4) << j) | (np.int64(hi >> 4) << (j + 16))
+
+
+@numba.njit(cache=True, inline="always")
+def _q5_high(out, b, h, qh_at):
     for k in range(4):
-        out[b, qh_at + k] = np.uint8((h >> np.uint32(8 * k)) & np.uint32(0xFF))
+        out[b, qh_at + k] = np.uint8((h >> (8 * k)) & 0xFF)
 
 
 @numba.njit(cache=True, nogil=True)
 def _q5_0_blocks(x, s, out):  # d = max / -16, q = trunc(x/d + 16.5)
-    q = np.empty(32, np.uint8)
     for b in range(x.shape[0]):
         d = _signed_absmax(x, b, 32) / _FM16
         inv = _recip(d)
         s[b, 0] = d
-        for j in range(32):
-            q[j] = _trunc_code(x[b, j] * inv + _F16H, _F31)
-        _q5_codes(out, b, q, 2, 6)
+        h = np.int64(0)
+        for j in range(16):
+            lo = _trunc_code(x[b, j] * inv + _F16H, _F31)
+            hi = _trunc_code(x[b, j + 16] * inv + _F16H, _F31)
+            h = _q5_pack(out, b, j, lo, hi, h, 6)
+        _q5_high(out, b, h, 2)
 
 
 @numba.njit(cache=True, nogil=True)
 def _q5_1_blocks(x, s, out):  # d = (max - min) / 31, m = min, q = trunc((x - min)/d + 0.5)
-    q = np.empty(32, np.uint8)
     for b in range(x.shape[0]):
         mn = x[b, 0]
         mx = x[b, 0]
@@ -171,15 +178,19 @@ def _q5_1_blocks(x, s, out):  # d = (max - min) / 31, m = min, q = trunc((x - mi
         inv = _recip(d)
         s[b, 0] = d
         s[b, 1] = mn
-        for j in range(32):
-            q[j] = _trunc_code((x[b, j] - mn) * inv + _HALF, _F31)
-        _q5_codes(out, b, q, 4, 8)
+        h = np.int64(0)
+        for j in range(16):
+            lo = _trunc_code((x[b, j] - mn) * inv + _HALF, _F31)
+            hi = _trunc_code((x[b, j + 16] - mn) * inv + _HALF, _F31)
+            h = _q5_pack(out, b, j, lo, hi, h, 8)
+        _q5_high(out, b, h, 4)
 
 
 @numba.njit(cache=True, inline="always")
 def _ternary(v):
-    """roundf(v) clamped to {-1, 0, 1}, stored as q + 1."""
-    return np.int32(min(max(_roundf(v), -_F1), _F1)) + 1
+    """roundf(v) clamped to {-1, 0, 1}, stored as q + 1: the same as comparing with +-0.5 (roundf rounds
+    [0.5, 1.5) to 1 and (-0.5, 0.5) to 0), written without branches so that the loops vectorize."""
+    return np.int32(v >= _HALF) - np.int32(v <= -_HALF) + 1
 
 
 @numba.njit(cache=True, nogil=True)
@@ -189,11 +200,11 @@ def _tq2_0_blocks(x, s, out):  # d = amax; element j*128 + l*32 + m at bits 2l o
         inv = _recip(d)  # codes of a block whose 1/amax overflows are 0 (stored as 1)
         s[b, 0] = d
         for j in range(2):
+            o = j * 128
             for m in range(32):
-                byte = 0
-                for l in range(4):
-                    byte |= (_ternary(x[b, j * 128 + l * 32 + m] * inv) & 3) << (2 * l)
-                out[b, j * 32 + m] = byte
+                out[b, j * 32 + m] = np.uint8(_ternary(x[b, o + m] * inv) | (_ternary(x[b, o + 32 + m] * inv) << 2)
+                                              | (_ternary(x[b, o + 64 + m] * inv) << 4)
+                                              | (_ternary(x[b, o + 96 + m] * inv) << 6))
 
 
 @numba.njit(cache=True, inline="always")
