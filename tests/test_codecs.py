@@ -151,3 +151,36 @@ def test_container_round_trip_of_every_type(tmp_path):
     back = read_rlx(tmp_path / "a.rlx", verify=True)
     for enc in NAMES:
         np.testing.assert_array_equal(back.weights[f"w_{enc}"].dense(), dequantize(quantize(xs[enc], enc), enc))
+
+
+@pytest.mark.parametrize("enc", ["gguf_q4_1", "gguf_tq1_0"])
+def test_a_codec_naming_no_cpu_kernels_runs_on_the_array_op_decoder(enc, monkeypatch):
+    """A new codec needs no numba kernels: DequantMatMul falls back to array-op tiles + BLAS."""
+    import dataclasses
+
+    from rlx_runtime import quant_kernels
+
+    bare = dataclasses.replace(CODECS[enc], cpu_fused=None, cpu_rows=None, cpu_block=None)
+    fused, rows = quant_kernels._cpu_kernels(enc, bare)
+    assert fused is None
+    monkeypatch.setitem(quant_kernels._CPU, enc, (fused, rows))
+    n, k = 300, 512  # more rows than one tile
+    packed = quantize(R.standard_normal((n, k)).astype(np.float32), enc)
+    x = R.standard_normal((3, k)).astype(np.float32)
+    out = quant_kernels.dequant_matmul(x, packed, enc, n, k)
+    np.testing.assert_allclose(out, x @ dequantize(packed, enc).T, rtol=1e-4, atol=1e-4)
+    buf = np.empty((n, k), np.float32)
+    rows(packed, 0, n, buf)
+    np.testing.assert_array_equal(buf, dequantize(packed, enc))
+
+
+@pytest.mark.parametrize("enc", NAMES)
+def test_cpu_row_tile_decoders_equal_dequantize_bit_for_bit(enc):
+    from rlx_runtime import quant_kernels
+
+    p = R.integers(0, 256, (20, 2 * CODECS[enc].nbytes), dtype=np.uint8)
+    p.reshape(20, 2, -1)[:, :, [o + 1 for o in CODECS[enc].scale_offsets]] &= 0x3F  # fp16 exponent < 16: finite
+    n0, n1 = 3, 17
+    buf = np.empty((n1 - n0, 2 * CODECS[enc].block), np.float32)
+    quant_kernels._CPU[enc][1](p, n0, n1, buf)
+    np.testing.assert_array_equal(buf, dequantize(p[n0:n1], enc))
