@@ -38,6 +38,12 @@ def _edge_cases(block: int):
     yield "wide", (R.standard_normal((2, block)) * 3e4).clip(-6e4, 6e4).astype(np.float32)
     t = (np.sign(R.standard_normal((3, block))) * (R.random((3, block)) < 0.6)).astype(np.float32)
     yield "ternary", t * np.float32([[1.0], [0.125], [3.0]])
+    # amax just below a power of two (MXFP4's exponent comes from a rounded log2), halfway between codes
+    near = np.float32(1) - np.arange(1, 9, dtype=np.float32) * np.float32(2.0**-24)
+    pw = (near[:, None] * np.float32(2.0) ** np.arange(-100, 120, 9, dtype=np.float32)[None, :]).reshape(-1, 1)
+    half = np.tile((np.arange(32, dtype=np.float32) - 16) / 4, reps)  # s = 1/2 for amax 4: many exact halves
+    yield "near_powers_of_two", (pw * np.tile(np.r_[np.float32(1), half[1:32] / 4], reps)[None, :]).astype(np.float32)
+    yield "code_halves", np.stack([half, half * np.float32(2.0**-60), half * np.float32(2.0**60)]).astype(np.float32)
     yield "many_ternary", R.integers(-1, 2, (64, 4096)).astype(np.float32)  # every TQ1_0 byte value, w.h.p.
 
 

@@ -23,7 +23,7 @@ def _graph(k=64, n=32):
 
 
 def test_quant_types_are_the_lossy_codecs():
-    assert set(QUANT_TYPES) == {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1"}
+    assert set(QUANT_TYPES) == {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "mxfp4"}
 
 
 @pytest.mark.parametrize("qt", QUANT_TYPES)

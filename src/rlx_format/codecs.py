@@ -22,7 +22,8 @@ class Codec:
     ggml: str                    # GGML type name, e.g. "Q8_0" (gguf.GGMLQuantizationType member)
     block: int                   # elements per block
     nbytes: int                  # bytes per block
-    scale_offsets: tuple         # byte offsets of the block's fp16 scales (d first, then m where there is one)
+    scale_offsets: tuple         # byte offsets of the block's fp16 scales (d first, then m where there is one;
+                                 # none for MXFP4, whose E8M0 scale byte the kernel writes)
     kernel: str                  # quants.py numba kernel: (blocks f32 [nb, block], scales f32 [nb, S], out u8)
     fields: Callable             # (xp, b u8 [R, nb, nbytes]) -> tuple of per-row arrays [R, nb, ...]
     decode: Callable             # (xp, fields, out f32 [R, nb, block]) -> None
@@ -159,6 +160,21 @@ def _tq1_0_decode(xp, f, out):
     _trits(xp, qh, 4, 4, d, out[:, :, 240:256])
 
 
+def _mxfp4_fields(xp, b):
+    e = b[:, :, :1].astype(xp.uint32)  # E8M0 byte -> 2^(e - 128) as f32 (subnormal for e < 2)
+    bits = xp.where(e < 2, xp.left_shift(xp.ones_like(e), e + 21), xp.left_shift(e - 1, 23))
+    return b[:, :, 1:17], xp.ascontiguousarray(bits).view(xp.float32)
+
+
+def _mxfp4_decode(xp, f, out):
+    # code i: e2m1 (sign i >> 3, exponent (i >> 1) & 3, mantissa i & 1) doubled, as an integer (so code 8 is +0)
+    i = _nibbles(xp, f[0]).astype(xp.int32)
+    ex, man = (i >> 1) & 3, i & 1
+    mag = xp.where(ex == 0, man, (man + 2) << xp.maximum(ex - 1, 0))
+    v = xp.where(i >= 8, -mag, mag).astype(xp.float32)
+    xp.multiply(v, f[1].reshape(*f[1].shape, 1), out=out.reshape(v.shape))
+
+
 CODECS: dict[str, Codec] = {c.name: c for c in (
     Codec("gguf_q8_0", "Q8_0", 32, 34, (0,), "_q8_0_blocks", _q8_0_fields, _q8_0_decode,
           cpu_fused="q8_0_fused", cpu_rows="q8_0_rows", cuda_gemv="rlx_q8_0_gemv"),
@@ -170,6 +186,8 @@ CODECS: dict[str, Codec] = {c.name: c for c in (
           cpu_block="_dec_q5_0"),
     Codec("gguf_q5_1", "Q5_1", 32, 24, (0, 2), "_q5_1_blocks", _q5_1_fields, _q5_1_decode,
           cpu_block="_dec_q5_1"),
+    Codec("gguf_mxfp4", "MXFP4", 32, 17, (), "_mxfp4_blocks", _mxfp4_fields, _mxfp4_decode,
+          cpu_block="_dec_mxfp4"),
     Codec("gguf_tq1_0", "TQ1_0", 256, 54, (52,), "_tq1_0_blocks", _tq1_0_fields, _tq1_0_decode, ternary=True,
           cpu_fused="tq1_0_fused", cpu_block="_dec_tq1_0"),
     Codec("gguf_tq2_0", "TQ2_0", 256, 66, (64,), "_tq2_0_blocks", _tq2_0_fields, _tq2_0_decode, ternary=True,

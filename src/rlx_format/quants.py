@@ -17,6 +17,8 @@ code range as a second guard (never reached for finite input).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .codecs import CODECS, get_codec
@@ -231,6 +233,37 @@ def _tq1_0_blocks(x, s, out):  # d = amax; 48 bytes of 5 trits, 4 bytes of 4 tri
         _tq1_0_group(x, b, inv, out, 240, 4, 4, 48)
 
 
+# MXFP4: e2m1 code values, doubled (the scale is 2^(e - 128), half of OCP MX's 2^(e - 127))
+_MX_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32)
+
+
+@numba.njit(cache=True, nogil=True)
+def _mxfp4_blocks(x, s, out):  # e = floor(log2(amax)) + 125, then the nearest code (first on ties)
+    errs = np.empty(16, np.float32)
+    for b in range(x.shape[0]):
+        amax = _absmax(x, b, 32)
+        e = 0
+        if amax > _F0:
+            # log2 rounded to f32 (as the reference's f32 log2 does near powers of two), floored; below
+            # 2^-125 the reference casts a negative number to uint8 (CPU-dependent): the scale byte is 0
+            e = max(int(np.floor(np.float32(np.log2(np.float64(amax))))) + 125, 0)
+        out[b, 0] = np.uint8(e)
+        d = np.float32(math.ldexp(1.0, e - 128))  # the E8M0 byte, halved: 2^(e - 128), exact in f32
+        for k in range(16):
+            errs[k] = d * _MX_VALUES[k]
+        for j in range(32):
+            v = x[b, j]
+            best, idx = abs(errs[0] - v), 0
+            for k in range(1, 16):
+                err = abs(errs[k] - v)
+                if err < best:
+                    best, idx = err, k
+            if j < 16:
+                out[b, 1 + j] = np.uint8(idx)
+            else:
+                out[b, 1 + j - 16] |= np.uint8(idx << 4)
+
+
 _KERNELS = {name: globals()[c.kernel] for name, c in CODECS.items()}  # a codec without a kernel fails here
 
 
@@ -297,7 +330,9 @@ def dequantize(p: np.ndarray, encoding: str) -> np.ndarray:
     p = _packed(p, c.nbytes, f"dequantize_{c.short}")
     rows = p.reshape(-1, p.shape[-1])
     out = np.empty((rows.shape[0], rows.shape[1] // c.nbytes * c.block), np.float32)
-    with np.errstate(invalid="ignore"):  # an infinite scale times code 0 is NaN (IEEE, as in the reference)
+    # an infinite scale times code 0 is NaN; MXFP4's largest scale times 12 overflows to Inf (IEEE, as in the
+    # reference)
+    with np.errstate(invalid="ignore", over="ignore"):
         return dequantize_fields(np, block_fields(np, rows, encoding), encoding, out).reshape(*p.shape[:-1],
                                                                                              out.shape[1])
 

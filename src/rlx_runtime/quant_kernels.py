@@ -8,6 +8,7 @@ tile (TILE_ROWS x K floats), not the N x K weight.
 
 from __future__ import annotations
 
+import math
 import threading
 
 import numpy as np
@@ -227,9 +228,21 @@ def tq1_0_fused(x2, pk, out):
     parallel_call(_tq1_0_fused, x2, pk, out)
 
 
+_MX_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32)
+
+
+@numba.njit(cache=True, inline="always")
+def _dec_mxfp4(p, o, t):
+    d = np.float32(math.ldexp(1.0, np.int64(p[o]) - 128))  # the E8M0 byte, halved: 2^(e - 128), exact in f32
+    for j in range(16):
+        b = p[o + 1 + j]
+        t[j] = _MX_VALUES[b & 15] * d
+        t[j + 16] = _MX_VALUES[b >> 4] * d
+
+
 # The block decoders by index: one compiled (and cached) kernel serves them all through a branch per
 # block; a function-typed argument would be recompiled in every process (numba cannot cache it).
-_BLOCK_DECODERS = ("_dec_q4_0", "_dec_q4_1", "_dec_q5_0", "_dec_q5_1", "_dec_tq1_0")
+_BLOCK_DECODERS = ("_dec_q4_0", "_dec_q4_1", "_dec_q5_0", "_dec_q5_1", "_dec_tq1_0", "_dec_mxfp4")
 
 
 @numba.njit(cache=True, inline="always")
@@ -242,8 +255,10 @@ def _decode_block(kind, p, o, t):
         _dec_q5_0(p, o, t)
     elif kind == 3:
         _dec_q5_1(p, o, t)
-    else:
+    elif kind == 4:
         _dec_tq1_0(p, o, t)
+    else:
+        _dec_mxfp4(p, o, t)
 
 
 @numba.njit(cache=True, parallel=True, fastmath=_DOT_MATH)
@@ -300,7 +315,7 @@ def tq2_0_rows(pk, n0, n1, buf):
 def _array_rows(encoding: str):
     """Row-tile decoder for a codec without a numba one: the registry's array-op decoder on numpy."""
     def rows(pk, n0, n1, buf):
-        with np.errstate(invalid="ignore"):  # an infinite scale times code 0 is NaN, as in dequantize()
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN / Inf as in dequantize()
             dequantize_fields(np, block_fields(np, pk[n0:n1], encoding), encoding, buf[: n1 - n0])
     return rows
 
