@@ -37,7 +37,7 @@ def test_every_quant_type_bakes_runs_and_reports(qt):
     assert wr.bytes_after == 32 * 2 * c.nbytes
     back = dequantize(rf.weights[wr.name].data, c.name)
     assert wr.max_abs_err == pytest.approx(float(np.abs(back - w["w"].T).max()))
-    assert 0 < wr.max_abs_err < 0.5 and wr.cosine > 0.99
+    assert 0 < wr.max_abs_err < 0.25 * float(np.abs(w["w"]).max()) and wr.cosine > 0.99
     X = f32(10, 64)
     np.testing.assert_allclose(run_baked(rf, {"x": X})["y"], X @ back.T, rtol=1e-4, atol=1e-4)
     assert rf.meta["bake"]["quant_type"] == qt
