@@ -190,3 +190,19 @@ def test_cpu_row_tile_decoders_equal_dequantize_bit_for_bit(enc):
     buf = np.empty((n1 - n0, 2 * CODECS[enc].block), np.float32)
     quant_kernels._CPU[enc][1](p, n0, n1, buf)
     np.testing.assert_array_equal(buf, dequantize(p[n0:n1], enc))
+
+
+def test_named_kernels_exist():
+    """Every kernel a codec names is there: numba quantizers and CPU kernels (looked up at import) and the
+    CUDA entry points in kernels.cu."""
+    from rlx_format import quants
+    from rlx_runtime import quant_kernels
+    from rlx_runtime.cuda import fused
+
+    src = fused.source()
+    for c in CODECS.values():
+        assert callable(getattr(quants, c.kernel))
+        for name in (c.cpu_fused, c.cpu_rows, c.cpu_block):
+            assert name is None or callable(getattr(quant_kernels, name))
+        assert c.cuda_gemv is None or f"void {c.cuda_gemv}(" in src
+        assert fused.supports(c.name) == (c.cuda_gemv is not None)

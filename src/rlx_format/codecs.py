@@ -5,7 +5,7 @@ where its fp16 scales sit in a block, how to split packed rows into fields and h
 fields on any array module (`xp` = numpy or cupy). Quantizers are numba kernels in quants.py (looked
 up by name, so importing this module stays cheap); optional fused kernels are named here and looked
 up by the runtime (rlx_runtime.quant_kernels for the CPU, rlx_runtime/cuda/kernels.cu for CUDA).
-Layouts: spec/ops.md, "Quantized encodings".
+Layouts: spec/ops.md, "Quantized".
 """
 
 from __future__ import annotations
@@ -43,9 +43,6 @@ class Codec:
     def short(self) -> str:
         """The CLI name: "q8_0" for "gguf_q8_0"."""
         return self.ggml.lower()
-
-    def row_bytes(self, k: int) -> int:
-        return k // self.block * self.nbytes
 
     def quantize(self, x):
         from .quants import quantize

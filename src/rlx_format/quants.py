@@ -3,8 +3,9 @@
 The facts of every type (sizes, scale offsets, decoders) live in the codec registry (codecs.py);
 this module holds the quantizers: one numba kernel per type (one pass per block instead of ~10 numpy
 passes), each computing in float32 exactly what the reference computes. Layouts: spec/ops.md,
-"Quantized encodings". Rounding is the reference's: half away from zero (roundf) for Q8_0 and the
-ternary types, truncation of x/d + offset (then a clamp to the code range) for Q4_x and Q5_x.
+"Quantized". Rounding is the reference's: half away from zero (roundf) for Q8_0 and the
+ternary types, truncation of x/d + offset (then a clamp to the code range) for Q4_x and Q5_x, the
+nearest code (the first on ties) for MXFP4.
 
 Every intermediate is defined, so the bytes are the same on every CPU (spec/ops.md, "Defined results"):
 when the reciprocal scale 1/d overflows to inf (d below ~2^-128, a subnormal float32), the reference
@@ -12,7 +13,8 @@ would cast inf or NaN to an integer, which C and numpy leave to the CPU; here ev
 block is the code of 0 (its fp16 scale is 0, so any code dequantizes to 0 and 0 is the exact value's
 nearest; for Q4_1/Q5_1 the stored code is 0 and the value is the block min). A code computed from NaN
 (Q4_1/Q5_1 with an infinite d, where (x - min) * 0 is NaN) is 0, and rounded codes are clamped to the
-code range as a second guard (never reached for finite input).
+code range as a second guard (never reached for finite input). MXFP4 has no reciprocal; below amax
+2^-125 the reference casts a negative exponent to uint8, here the scale byte is 0.
 """
 
 from __future__ import annotations
