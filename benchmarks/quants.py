@@ -13,7 +13,8 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from common import Row, best_of, env_note, print_rows
-from rlx_format.quants import quantize_q8_0, quantize_tq2_0
+from rlx_format.codecs import CODECS
+from rlx_format.quants import quantize, quantize_q8_0
 from rlx_format import GraphBuilder
 from rlx_runtime import CompileOptions, Session
 from rlx_runtime.quant_kernels import dequant_matmul
@@ -23,11 +24,13 @@ def main() -> list[Row]:
     r = np.random.default_rng(0)
     rows = []
     w = r.standard_normal((4096, 4096)).astype(np.float32)
-    for name, ours, qt in (("Q8_0", quantize_q8_0, T.Q8_0), ("TQ2_0", quantize_tq2_0, T.TQ2_0)):
-        assert np.array_equal(ours(w[:64]), gq.quantize(w[:64], qt))
-        t_rlx = best_of(lambda ours=ours: ours(w), repeat=3)
+    for codec in CODECS.values():  # every registered type
+        qt = T[codec.ggml]
+        assert np.array_equal(quantize(w[:64], codec.name), gq.quantize(w[:64], qt))
+        t_rlx = best_of(lambda codec=codec: quantize(w, codec.name), repeat=3)
         t_ref = best_of(lambda qt=qt: gq.quantize(w, qt), repeat=3)
-        rows.append(Row("quants", f"quantize {name} 4096x4096 (64 MiB f32)", t_rlx, t_ref, "gguf.quants", "<= 0.333x",
+        rows.append(Row("quants", f"quantize {codec.ggml} 4096x4096 (64 MiB f32)", t_rlx, t_ref, "gguf.quants",
+                        "<= 0.333x",
                         origin="target set with the first benchmarks (ef6ed04): >= 3x the reference's speed"))
     packed = quantize_q8_0(w)
     wt = np.ascontiguousarray(w.T)  # f32 weight as [K, N] for x @ W

@@ -14,7 +14,8 @@ import numpy as np
 def codec_inputs() -> dict[str, np.ndarray]:
     """float32 tensors [rows, 256] (a multiple of both block sizes) whose blocks hit every codec edge."""
     r = np.random.default_rng(7)
-    # 1/d overflows for d below ~2^-128 (Q8_0: d = amax / 127, TQ2_0: d = amax)
+    # 1/d overflows for d below ~2^-128 (Q8_0: d = amax / 127, Q4_0: max / -8, Q4_1: (max - min) / 15,
+    # Q5_0: max / -16, Q5_1: (max - min) / 31, TQ1_0 and TQ2_0: d = amax)
     blocks = {
         "normal": r.standard_normal((4, 256)),
         "subnormal": r.standard_normal((2, 256)) * 1e-40,  # 1/d = inf
@@ -24,6 +25,7 @@ def codec_inputs() -> dict[str, np.ndarray]:
         "zero": np.zeros((1, 256)),
         "ties": np.tile((np.arange(256) - 127.5) / 2, (1, 1)) * (127 / 64),
         "huge": r.standard_normal((1, 256)) * 1e37,  # fp16 scale overflows to inf (defined)
+        "wide_range": np.where(np.arange(256) % 2, 3e38, -3e38).reshape(1, 256),  # max - min = inf: d inf, codes NaN
     }
     return {k: np.asarray(v, np.float32) for k, v in blocks.items()}
 
@@ -68,17 +70,18 @@ def _run(op: str, inputs: list[np.ndarray], attrs: dict, consts: tuple[int, ...]
 
 
 def compute() -> dict[str, np.ndarray]:
-    from rlx_format.quants import quantize_q8_0, quantize_tq2_0
+    from rlx_format.codecs import CODECS
+    from rlx_format.quants import quantize
     from rlx_runtime.ufuncs import erf, gelu_erf
 
     out: dict[str, np.ndarray] = {}
     with np.errstate(all="ignore"):
         for name, x in codec_inputs().items():
-            out[f"q8_0/{name}"] = quantize_q8_0(x)
-            out[f"tq2_0/{name}"] = quantize_tq2_0(x)
+            for c in CODECS.values():
+                out[f"{c.short}/{name}"] = quantize(x, c.name)
         x, w = dot_inputs()
-        for enc, quantize in (("gguf_q8_0", quantize_q8_0), ("gguf_tq2_0", quantize_tq2_0)):
-            packed = quantize(w)
+        for enc in CODECS:
+            packed = quantize(w, enc)
             for m in (3, 20):  # the fused kernel (<= 12 rows) and the tiled path
                 out[f"dqmm/{enc}/{m}"] = _run("DequantMatMul", [x[:m], packed],
                                               {"encoding": enc, "N": 24, "K": 256}, consts=(1,))

@@ -31,12 +31,12 @@ def test_bake_default_command_and_report(bundle, tmp_path):
     out, rep = tmp_path / "m.rlx", tmp_path / "report.json"
     r = invoke(bundle, "-o", out, "--report-json", rep)
     assert r.exit_code == 0, r.output
-    assert f"wrote {out}" in r.output and "gguf_tq2_0" in r.output
+    assert f"wrote {out}" in r.output and "gguf_tq1_0" in r.output
     report = json.loads(rep.read_text())
     assert report["profile"] == "exact" and report["counts"]["ternary"] == 2
     assert read_rlx(out, verify=True).meta["bake"]["counts"]["ternary"] == 2
     r = invoke("-q", "bake", bundle, "-o", tmp_path / "q.rlx")
-    assert r.exit_code == 0 and "gguf_tq2_0" not in r.output
+    assert r.exit_code == 0 and "gguf_tq1_0" not in r.output
 
 
 def test_flags_and_profiles(bundle, tmp_path):
@@ -56,7 +56,7 @@ def test_sealed_round_trip_and_subcommands(bundle, tmp_path):
     r = invoke("inspect", sealed)
     assert r.exit_code == 0 and "encrypted: True" in r.output and "memory_kib: 8192" in r.output
     r = invoke("inspect", sealed, "--password-env", "PW", env=env)
-    assert r.exit_code == 0 and "DequantMatMul" in r.output and ".tq2_0" in r.output
+    assert r.exit_code == 0 and "DequantMatMul" in r.output and ".tq1_0" in r.output
     assert "bake: profile exact; nodes" in r.output and "ternary 2" in r.output
     r = invoke("decrypt", sealed, "-o", plain, "--password-stdin", input="s3cret\n")
     assert r.exit_code == 0 and not is_encrypted(plain)

@@ -49,6 +49,7 @@ def device(request):
 
 # ---------------------------------------------------------------------------- device-only behaviour
 from rlx_format import GraphBuilder  # noqa: E402
+from rlx_format.codecs import CODECS  # noqa: E402
 from rlx_format.errors import RlxError  # noqa: E402
 from rlx_format.quants import dequantize, quantize  # noqa: E402
 from rlx_runtime import CompileOptions, Device, Session, to_host  # noqa: E402
@@ -59,7 +60,7 @@ R = np.random.default_rng(11)
 
 def _packed(enc, n, k):
     w = R.standard_normal((n, k)).astype(np.float32)
-    if enc == "gguf_tq2_0":
+    if CODECS[enc].ternary:
         w = (np.sign(w) * np.float32(0.25)).astype(np.float32)
     p = quantize(w, enc)
     return p, dequantize(p, enc)
@@ -73,7 +74,7 @@ def _dqmm_graph(p, enc, n, k, lead):
     return g.build()
 
 
-@pytest.mark.parametrize("enc", ["gguf_q8_0", "gguf_tq2_0"])
+@pytest.mark.parametrize("enc", list(CODECS))
 @pytest.mark.parametrize("lead", [(1,), (3,), (8,), (9,), (2, 20)])
 def test_dequant_matmul_matches_numpy(device, monkeypatch, enc, lead):
     """Every path: fused kernel (<= 8 rows, GPU only), one tile, and several tiles (small TILE_BYTES)."""
@@ -91,7 +92,7 @@ def test_dequant_matmul_matches_numpy(device, monkeypatch, enc, lead):
     np.testing.assert_allclose(unpacked.run({"x": x})["y"], ref, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("enc", ["gguf_q8_0", "gguf_tq2_0"])
+@pytest.mark.parametrize("enc", list(CODECS))
 def test_dequantize_and_dequant_gather_bit_exact(device, enc):
     p, wf = _packed(enc, 16, 256)
     g = GraphBuilder("dg")

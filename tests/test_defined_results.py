@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 
 from rlx_bake import BakeOptions, bake
 from rlx_format import GraphBuilder, RlxError
-from rlx_format.quants import dequantize_q8_0, dequantize_tq2_0, quantize_q8_0, quantize_tq2_0
+from rlx_format.codecs import CODECS
+from rlx_format.quants import dequantize, dequantize_q8_0, dequantize_tq2_0, quantize, quantize_q8_0, quantize_tq2_0
 
 HERE = Path(__file__).parent
 INT_TYPES = {"i8": np.int8, "u8": np.uint8, "i16": np.int16, "i32": np.int32, "i64": np.int64}
@@ -37,24 +38,46 @@ CPU_DEPENDENT = {"subnormal", "just_below_overflow", "min_subnormal"}
 
 
 @pytest.mark.parametrize("name", sorted(codec_inputs()))
+@pytest.mark.parametrize("enc", list(CODECS))
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the oracle overflows / casts inf on these blocks
-def test_codec_edge_blocks(name):
+def test_codec_edge_blocks(name, enc):
     x = codec_inputs()[name]
-    for ours_q, ours_dq, qt, block in ((quantize_q8_0, dequantize_q8_0, T.Q8_0, 32),
-                                       (quantize_tq2_0, dequantize_tq2_0, T.TQ2_0, 256)):
-        ours, ref = ours_q(x), gq.quantize(x, qt)
-        with np.errstate(invalid="ignore"):
-            np.testing.assert_array_equal(ours_dq(ours), gq.dequantize(ref, qt).reshape(x.shape))
-        if name not in CPU_DEPENDENT:
-            np.testing.assert_array_equal(ours, ref)  # well defined in the reference: the same bytes
-            continue
-        # the rule: 1/d overflowed, so every code is 0 (TQ2_0 stores q + 1) and the fp16 scale is 0
-        nb = x.size // block
-        blocks = ours.reshape(nb, -1)
-        if qt == T.Q8_0:
-            assert not blocks[:, :2].any() and not blocks[:, 2:].any()
-        else:
-            assert not blocks[:, 64:].any() and (blocks[:, :64] == 0b01010101).all()
+    c = CODECS[enc]
+    qt = T[c.ggml]
+    ours = quantize(x, enc)
+    blocks = ours.reshape(-1, c.nbytes)
+    if not c.scale_offsets:  # MXFP4: below amax 2^-125 the reference casts a negative exponent to uint8
+        if name in CPU_DEPENDENT:  # the rule: scale byte 0 (2^-128), codes the nearest there (first on ties)
+            assert not blocks[:, 0].any()
+            vals = np.float32(2.0**-128) * np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12],
+                                                    np.float32)
+            idx = np.abs(vals - x.reshape(-1, 2, 16)[..., None]).argmin(-1).astype(np.uint8)
+            np.testing.assert_array_equal(blocks[:, 1:], idx[:, 0] | (idx[:, 1] << 4))
+            return
+    with np.errstate(all="ignore"):
+        ref = gq.quantize(x, qt)
+        np.testing.assert_array_equal(dequantize(ours, enc), gq.dequantize(ref, qt).reshape(x.shape))
+    if name == "wide_range" and len(c.scale_offsets) == 2:
+        # max - min overflows: d is inf, 1/d is 0 and (x - min) * 0 is NaN for x = max, which the reference
+        # casts to an integer (CPU-dependent). The rule: a NaN code is 0, so every code here is 0.
+        assert not np.delete(ours.reshape(-1, c.nbytes), range(4), axis=1).any()
+        return
+    if name not in CPU_DEPENDENT:
+        np.testing.assert_array_equal(ours, ref)  # well defined in the reference: the same bytes
+        return
+    # the rule: 1/d overflowed, so every code is the code of 0 (Q4_0 stores 8, TQ2_0 stores 1, ...) and
+    # the fp16 scale d is 0
+    codes = np.ones(c.nbytes, bool)
+    for off in c.scale_offsets:
+        codes[off:off + 2] = False
+    zero = quantize(np.zeros((1, c.block), np.float32), enc).reshape(-1)
+    np.testing.assert_array_equal(blocks[:, codes], np.broadcast_to(zero[codes], blocks[:, codes].shape))
+    d = blocks[:, c.scale_offsets[0]:c.scale_offsets[0] + 2].copy().view(np.float16)
+    assert (d == 0).all()
+    if enc == "gguf_q8_0":
+        assert not blocks.any()
+    if enc == "gguf_tq2_0":
+        assert not blocks[:, 64:].any() and (blocks[:, :64] == 0b01010101).all()
 
 
 def test_codec_overflow_threshold_is_where_the_reciprocal_overflows():

@@ -3,7 +3,7 @@
 Writes two bundles (graph.json + weights.safetensors) next to this file:
   float/    an MLP 64-256-256-10 trained in float32
   ternary/  the same MLP whose two 256-input layers are trained ternary ({-a, 0, +a} per output
-            channel, `a` fp16-exact) with a straight-through estimator, so `exact` packs them as TQ2_0.
+            channel, `a` fp16-exact) with a straight-through estimator, so `exact` packs them losslessly (TQ1_0).
 The graph keeps PyTorch's [out, in] weight layout and an input scaling, so the bake has weight-only
 work to fold (transposes) as real exported models do. Deterministic (fixed seeds); numpy only.
 Run: python examples/digits/train.py

@@ -23,7 +23,7 @@ from rlx_format.sealed import KDF_PROFILES, decrypt_file, encrypt_file, read_sea
 
 from .display import markup_safe, plain, printable
 from .loader import check_bundle_output, load_graph, write_bundle
-from .options import DEFAULT_PROFILE, PROFILES, BakeOptions
+from .options import DEFAULT_PROFILE, DEFAULT_QUANT_TYPE, PROFILES, QUANT_TYPES, BakeOptions
 from .passwords import password_options, resolve_password
 from .pipeline import bake as bake_fn
 
@@ -105,29 +105,36 @@ def _flag(name: str, help_: str):
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help="Output .rlx file.")
 @click.option("--weights", type=click.Path(path_type=Path), help="safetensors file (default: the bundle's).")
 @click.option("--opt", "profile", type=click.Choice(list(PROFILES)), default=DEFAULT_PROFILE, show_default=True,
-              help="merge: package only; fold: + constant folding; exact: + lossless packing; size: + Q8_0.")
+              help="merge: package only; fold: + constant folding; exact: + lossless packing; size: + quantization "
+                   "(--quant TYPE, default q8_0).")
 @_flag("fold", "Constant-fold weight-only subgraphs.")
 @_flag("simplify", "Algebraic simplification.")
 @_flag("dce", "Dead-code elimination and constant dedupe.")
 @_flag("skip", "Replace MatMuls with all-zero weights by zeros.")
-@_flag("ternary", "Pack exactly ternary MatMul weights as TQ2_0.")
-@_flag("quant", "Quantize remaining MatMul weights to Q8_0 (lossy).")
+@_flag("ternary", "Pack exactly ternary MatMul weights losslessly (TQ1_0).")
+@click.option("--quant", "quant_type", type=click.Choice(QUANT_TYPES), is_flag=False, flag_value=DEFAULT_QUANT_TYPE,
+              default=None, help=f"Quantize remaining MatMul weights and embedding tables (lossy) to TYPE "
+                                 f"(--quant alone: {DEFAULT_QUANT_TYPE}).")
+@click.option("--no-quant", is_flag=True, help="Do not quantize (overrides the size profile).")
 @click.option("--strict", is_flag=True, help="Error if a param has no weight.")
 @password_options
 @click.option("--kdf", type=click.Choice(list(KDF_PROFILES)), default="default", show_default=True,
               help="Argon2id strength when sealing (default = RFC 9106 64 MiB, t=3, p=4).")
 @click.option("--report-json", type=click.Path(path_type=Path), help="Also write the bake report as JSON.")
 @click.pass_obj
-def bake_cmd(state, input_path, output, weights, profile, fold, simplify, dce, skip, ternary, quant, strict,
-             password_env, password_stdin, password_value, kdf, report_json):
+def bake_cmd(state, input_path, output, weights, profile, fold, simplify, dce, skip, ternary, quant_type, no_quant,
+             strict, password_env, password_stdin, password_value, kdf, report_json):
     """Bake INPUT into OUTPUT (.rlx), optionally sealed with a password."""
+    if quant_type is not None and no_quant:
+        raise click.UsageError("--quant and --no-quant contradict each other; give one of them")
+    quant = True if quant_type is not None else (False if no_quant else None)
     with handled(state):
         for path in (output, report_json):  # a path that cannot be written fails before the password and the bake
             if path is not None:
                 check_output_path(path)
         password = resolve_password(password_env, password_stdin, password_value, confirm=True)  # before the bake
         opts = BakeOptions.from_profile(profile, fold=fold, simplify=simplify, dce=dce, skip=skip, ternary=ternary,
-                                        quant=quant, strict=strict)
+                                        quant=quant, quant_type=quant_type, strict=strict)
         with progress(state, "baking") as step:
             step("loading")
             graph, ws = load_graph(input_path, weights)
@@ -168,7 +175,8 @@ def _print_report(state: State, report, output: Path, sealed: bool) -> None:
     state.err.print(t)
     state.err.print(f"nodes {report.nodes_before} -> {report.nodes_after}; weights "
                     f"{_fmt_bytes(report.total_bytes_before)} -> {_fmt_bytes(report.total_bytes)}; "
-                    f"skipped {len(report.skipped)}, ternary {len(report.ternary)}, q8_0 {len(report.quant)}")
+                    f"skipped {len(report.skipped)}, ternary {len(report.ternary)}, "
+                    f"quant {len(report.quant)}{f' ({report.quant_type})' if report.quant_type else ''}")
     if report.params_unbound:
         state.err.print(f"params left unbound (set them at run time): {markup_safe(report.params_unbound)}")
     for note in report.notes:
@@ -258,7 +266,8 @@ def inspect(state, path, password_env, password_stdin, password_value, as_json):
             out.print(markup_safe(
                 f"bake: profile {m(b.get('profile'))}; nodes {m(b.get('nodes_before'))} -> {m(b.get('nodes_after'))}; "
                 f"weights {_meta_bytes(b.get('total_bytes_before', 0))} -> {_meta_bytes(b.get('total_bytes', 0))}; "
-                f"skipped {m(c.get('skipped'))}, ternary {m(c.get('ternary'))}, q8_0 {m(c.get('quant'))}"))
+                f"skipped {m(c.get('skipped'))}, ternary {m(c.get('ternary'))}, quant {m(c.get('quant'))}"
+                + (f" ({m(b['quant_type'])})" if b.get("quant_type") is not None else "")))
 
 
 def _meta_text(v) -> str:

@@ -1,4 +1,4 @@
-"""bake(): specialize -> fold -> skip-zero -> ternary -> Q8_0 -> simplify -> DCE -> dedupe -> weight table."""
+"""bake(): specialize -> fold -> skip-zero -> ternary -> quant -> simplify -> DCE -> dedupe -> weight table."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from rlx_format.codecs import get_codec
 from rlx_format.container import TOOL_VERSION, RlxFile, Weight
 from rlx_format.dtypes import NUMPY_DTYPES, dtype_of_array
 from rlx_format.errors import RlxError
@@ -68,7 +69,9 @@ def bake(graph: Graph, weights: dict | None = None, options: BakeOptions | None 
     options = options or BakeOptions.from_profile()
     weights = weights if weights is not None else {}
     step = progress or (lambda _msg: None)
-    report = BakeReport(profile=options.profile, nodes_before=len(graph.nodes))
+    quant_codec = options.quant_codec()
+    report = BakeReport(profile=options.profile, nodes_before=len(graph.nodes),
+                        quant_type=quant_codec.short if options.quant else None)
     bindings = _check_weights(graph, weights, report, options.strict)
     dense_bytes = {name: int(np.asarray(a).nbytes) for name, a in bindings.items()}
     step("specialize")
@@ -85,7 +88,7 @@ def bake(graph: Graph, weights: dict | None = None, options: BakeOptions | None 
         ("skip", "fold", lambda g: constant_fold(g, preport, options.fold_growth_limit, options.fold_min_bytes,
                                                  options.fold_memory_budget)),  # what skip-zero made known
         ("ternary", "ternary", lambda g: pack_ternary_weights(g, report)),
-        ("quant", "q8_0", lambda g: quantize_matmul_weights(g, report, errors)),
+        ("quant", quant_codec.short, lambda g: quantize_matmul_weights(g, report, errors, quant_codec.name)),
         ("simplify", "simplify", lambda g: simplify(g, preport)),
         ("dce", "dce", lambda g: dedupe_constants(dead_code_elimination(g, preport), preport)),
     ]
@@ -114,7 +117,7 @@ def bake(graph: Graph, weights: dict | None = None, options: BakeOptions | None 
             err = errors.get(raw)
             report.weights.append(WeightReport(name, enc, [n_out, k], n_out * k * 4, int(c.value.nbytes),
                                                err[0] if err else 0.0, err[1] if err else 1.0,
-                                               "lossy Q8_0" if err else "lossless TQ2_0"))
+                                               f"{'lossy' if err else 'lossless'} {get_codec(enc).ggml}"))
         else:
             arr = np.require(c.value, dtype=NUMPY_DTYPES[c.dtype], requirements="C")  # keeps 0-d arrays 0-d
             w = Weight.plain(name, arr, c.dtype)

@@ -29,8 +29,9 @@ class BakeReport:
     params_unbound: list[str] = field(default_factory=list)
     extra_weights: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)      # MatMul nodes replaced by zeros
-    ternary: list[str] = field(default_factory=list)      # weights packed as TQ2_0
-    quant: list[str] = field(default_factory=list)        # weights packed as Q8_0
+    ternary: list[str] = field(default_factory=list)      # weights packed losslessly as ternary (TQ1_0)
+    quant: list[str] = field(default_factory=list)        # weights quantized (lossy) to quant_type
+    quant_type: str | None = None                         # the quantization pass's codec ("q8_0"), None: off
     notes: list[str] = field(default_factory=list)
     folds_refused: list[dict] = field(default_factory=list)
     weights: list[WeightReport] = field(default_factory=list)
@@ -49,7 +50,7 @@ class BakeReport:
         return {
             "profile": self.profile, "nodes_before": self.nodes_before, "nodes_after": self.nodes_after,
             "params_baked": list(self.params_baked), "params_unbound": list(self.params_unbound),
-            "extra_weights": list(self.extra_weights),
+            "extra_weights": list(self.extra_weights), "quant_type": self.quant_type,
             "counts": {"skipped": len(self.skipped), "ternary": len(self.ternary), "quant": len(self.quant)},
             "skipped": list(self.skipped), "ternary": list(self.ternary), "quant": list(self.quant),
             "notes": list(self.notes), "folds_refused": list(self.folds_refused),

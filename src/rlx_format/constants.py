@@ -1,5 +1,7 @@
 """Format facts, in one place (spec/rlx-format.md and spec/rlxenc.md quote these)."""
 
+from .codecs import CODECS
+
 RLXBAKE_MAGIC = b"RLXBAKE1"
 RLXENC_MAGIC = b"RLXENC01"
 SCHEMA_VERSION = 2                 # what writers emit
@@ -19,4 +21,4 @@ HEADER_BYTES_PER_CONTAINER = 8     # a header decodes to at most one map/array p
 HEADER_CONTAINER_ALLOWANCE = 4096  # ... plus this many (tiny headers)
 
 PLAIN_ENCODINGS = ("f32", "f16", "bf16", "f64", "i64", "i32", "i16", "i8", "u8", "bool")
-QUANT_ENCODINGS = {"gguf_q8_0": (32, 34), "gguf_tq2_0": (256, 66)}  # block elems, block bytes
+QUANT_ENCODINGS = {c.name: (c.block, c.nbytes) for c in CODECS.values()}  # block elems, block bytes (codecs.py)

@@ -1,35 +1,43 @@
-"""GGML block quantization: Q8_0 and TQ2_0, byte-identical to GGML's reference quantizer.
+"""GGML block quantization, byte-identical to GGML's reference quantizer (the `gguf` package).
 
-Layouts (spec/ops.md, "Quantized encodings"):
-- Q8_0: blocks of 32 values -> 34 bytes: fp16 scale d = amax/127, then 32 int8 q = round(x/d).
-- TQ2_0: blocks of 256 values -> 66 bytes: 64 bytes of 2-bit codes (q+1 in {0,1,2}), element
-  j*128 + l*32 + m in byte j*32 + m at bit 2*l, then fp16 scale d = amax.
-Rounding is half away from zero, computed in float32, as the reference does.
-The hot loops are numba kernels (one pass per block instead of ~10 numpy passes).
+The facts of every type (sizes, scale offsets, decoders) live in the codec registry (codecs.py);
+this module holds the quantizers: one numba kernel per type (one pass per block instead of ~10 numpy
+passes), each computing in float32 exactly what the reference computes. Layouts: spec/ops.md,
+"Quantized". Rounding is the reference's: half away from zero (roundf) for Q8_0 and the
+ternary types, truncation of x/d + offset (then a clamp to the code range) for Q4_x and Q5_x, the
+nearest code (the first on ties) for MXFP4.
 
 Every intermediate is defined, so the bytes are the same on every CPU (spec/ops.md, "Defined results"):
 when the reciprocal scale 1/d overflows to inf (d below ~2^-128, a subnormal float32), the reference
 would cast inf or NaN to an integer, which C and numpy leave to the CPU; here every code of such a
-block is 0 (its fp16 scale is 0, so any code dequantizes to 0 and 0 is the exact value's nearest).
-Rounded codes are clamped to the code range as a second guard (never reached for finite input).
+block is the code of 0 (its fp16 scale is 0, so any code dequantizes to 0 and 0 is the exact value's
+nearest; for Q4_1/Q5_1 the stored code is 0 and the value is the block min). A code computed from NaN
+(Q4_1/Q5_1 with an infinite d, where (x - min) * 0 is NaN) is 0, and rounded codes are clamped to the
+code range as a second guard (never reached for finite input). MXFP4 has no reciprocal; below amax
+2^-125 the reference casts a negative exponent to uint8, here the scale byte is 0.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from .codecs import CODECS, get_codec
 from .errors import QuantError
 from .numba_setup import numba
 
 Q8_0_BLOCK, Q8_0_BYTES = 32, 34
 TQ2_0_BLOCK, TQ2_0_BYTES = 256, 66
-ENCODINGS = {"gguf_q8_0": (Q8_0_BLOCK, Q8_0_BYTES), "gguf_tq2_0": (TQ2_0_BLOCK, TQ2_0_BYTES)}
+ENCODINGS = {c.name: (c.block, c.nbytes) for c in CODECS.values()}
 
 _F0 = np.float32(0.0)
 _F1 = np.float32(1.0)
 _F127 = np.float32(127.0)
 _FM128 = np.float32(-128.0)
 _HALF = np.float32(0.5)
+_FM8, _F8H, _F15 = np.float32(-8.0), np.float32(8.5), np.float32(15.0)
+_FM16, _F16H, _F31 = np.float32(-16.0), np.float32(16.5), np.float32(31.0)
 
 
 @numba.njit(cache=True, inline="always")
@@ -42,42 +50,223 @@ def _roundf(v):
     return r if v >= _F0 else -r
 
 
+@numba.njit(cache=True, inline="always")
+def _trunc_code(v, hi):
+    """The reference's trunc(v) -> uint8, clip(0, hi); NaN (and anything below 0) gives 0."""
+    t = np.trunc(v)
+    if not t >= _F0:
+        return np.uint8(0)
+    return np.uint8(min(t, hi))
+
+
+@numba.njit(cache=True, inline="always")
+def _recip(d):
+    """1/d, 0 for d == 0, and 0 where 1/d overflows (subnormal d): the "Defined results" rule."""
+    inv = _F1 / d if d != _F0 else _F0
+    return _F0 if abs(inv) == np.inf else inv
+
+
+@numba.njit(cache=True, inline="always")
+def _signed_absmax(x, b, n):
+    """The element of largest magnitude (the first one on ties), sign kept: the reference's argmax(|x|)."""
+    mx = x[b, 0]
+    amax = abs(mx)
+    for i in range(1, n):
+        v = abs(x[b, i])
+        if v > amax:
+            amax = v
+            mx = x[b, i]
+    return mx
+
+
+# max(|x|) is exact in any order and the input is checked finite, so these flags change nothing but
+# let LLVM vectorize the reduction (a separate, not inlined function: the flags stay local to it).
+@numba.njit(cache=True, fastmath={"reassoc", "nnan", "nsz"})
+def _absmax_row(r):
+    amax = _F0
+    for i in range(r.shape[0]):
+        amax = max(amax, abs(r[i]))
+    return amax
+
+
+@numba.njit(cache=True, inline="always")
+def _absmax(x, b, n):
+    return _absmax_row(x[b, :n])
+
+
+# Kernels: x f32 [nb, block], s f32 [nb, n_scales] (written here, stored as fp16 by quantize()),
+# out u8 [nb, block bytes] (the code bytes are written here; the scale bytes are left to quantize()).
+
 @numba.njit(cache=True, nogil=True)
-def _q8_0_blocks(x, d_out, q_out):  # x: (nb, 32) f32
+def _q8_0_blocks(x, s, out):  # d = amax / 127, q = roundf(x / d) as int8
     for b in range(x.shape[0]):
-        amax = _F0
+        d = _absmax(x, b, 32) / _F127
+        inv = _recip(d)
+        s[b, 0] = d
         for i in range(32):
-            v = abs(x[b, i])
-            if v > amax:
-                amax = v
-        d = amax / _F127
-        inv = _F1 / d if d != _F0 else _F0
-        if inv == np.inf:  # subnormal d: the reference's inf/NaN -> int8 cast is CPU-dependent
-            inv = _F0
-        d_out[b] = d
-        for i in range(32):
-            q_out[b, i] = np.int8(min(max(_roundf(x[b, i] * inv), _FM128), _F127))
+            out[b, 2 + i] = np.uint8(np.int32(min(max(_roundf(x[b, i] * inv), _FM128), _F127)) & 0xFF)
 
 
 @numba.njit(cache=True, nogil=True)
-def _tq2_0_blocks(x, d_out, codes_out):  # x: (nb, 256) f32, codes_out: (nb, 64) u8
+def _q4_0_blocks(x, s, out):  # d = max / -8 (max: signed value of largest |x|), q = trunc(x/d + 8.5)
     for b in range(x.shape[0]):
-        amax = _F0
-        for i in range(256):
-            v = abs(x[b, i])
-            if v > amax:
-                amax = v
-        inv = _F1 / amax if amax != _F0 else _F0
-        if inv == np.inf:  # as in Q8_0: codes of a block whose 1/amax overflows are 0 (stored as 1)
-            inv = _F0
-        d_out[b] = amax
+        d = _signed_absmax(x, b, 32) / _FM8
+        inv = _recip(d)
+        s[b, 0] = d
+        for j in range(16):
+            lo = _trunc_code(x[b, j] * inv + _F8H, _F15)
+            hi = _trunc_code(x[b, j + 16] * inv + _F8H, _F15)
+            out[b, 2 + j] = lo | (hi << 4)
+
+
+@numba.njit(cache=True, nogil=True)
+def _q4_1_blocks(x, s, out):  # d = (max - min) / 15, m = min, q = trunc((x - min)/d + 0.5)
+    for b in range(x.shape[0]):
+        mn = x[b, 0]
+        mx = x[b, 0]
+        for i in range(1, 32):
+            v = x[b, i]
+            if v < mn:
+                mn = v
+            if v > mx:
+                mx = v
+        d = (mx - mn) / _F15
+        inv = _recip(d)
+        s[b, 0] = d
+        s[b, 1] = mn
+        for j in range(16):
+            lo = _trunc_code((x[b, j] - mn) * inv + _HALF, _F15)
+            hi = _trunc_code((x[b, j + 16] - mn) * inv + _HALF, _F15)
+            out[b, 4 + j] = lo | (hi << 4)
+
+
+@numba.njit(cache=True, inline="always")
+def _q5_pack(out, b, j, lo, hi, h, qs_at):
+    """Codes j and j + 16: low nibbles share byte j; bit 4 of code j goes to bit j of a LE u32 (returned)."""
+    out[b, qs_at + j] = (lo & 15) | ((hi & 15) << 4)
+    return h | (np.int64(lo >> 4) << j) | (np.int64(hi >> 4) << (j + 16))
+
+
+@numba.njit(cache=True, inline="always")
+def _q5_high(out, b, h, qh_at):
+    for k in range(4):
+        out[b, qh_at + k] = np.uint8((h >> (8 * k)) & 0xFF)
+
+
+@numba.njit(cache=True, nogil=True)
+def _q5_0_blocks(x, s, out):  # d = max / -16, q = trunc(x/d + 16.5)
+    for b in range(x.shape[0]):
+        d = _signed_absmax(x, b, 32) / _FM16
+        inv = _recip(d)
+        s[b, 0] = d
+        h = np.int64(0)
+        for j in range(16):
+            lo = _trunc_code(x[b, j] * inv + _F16H, _F31)
+            hi = _trunc_code(x[b, j + 16] * inv + _F16H, _F31)
+            h = _q5_pack(out, b, j, lo, hi, h, 6)
+        _q5_high(out, b, h, 2)
+
+
+@numba.njit(cache=True, nogil=True)
+def _q5_1_blocks(x, s, out):  # d = (max - min) / 31, m = min, q = trunc((x - min)/d + 0.5)
+    for b in range(x.shape[0]):
+        mn = x[b, 0]
+        mx = x[b, 0]
+        for i in range(1, 32):
+            v = x[b, i]
+            if v < mn:
+                mn = v
+            if v > mx:
+                mx = v
+        d = (mx - mn) / _F31
+        inv = _recip(d)
+        s[b, 0] = d
+        s[b, 1] = mn
+        h = np.int64(0)
+        for j in range(16):
+            lo = _trunc_code((x[b, j] - mn) * inv + _HALF, _F31)
+            hi = _trunc_code((x[b, j + 16] - mn) * inv + _HALF, _F31)
+            h = _q5_pack(out, b, j, lo, hi, h, 8)
+        _q5_high(out, b, h, 4)
+
+
+@numba.njit(cache=True, inline="always")
+def _ternary(v):
+    """roundf(v) clamped to {-1, 0, 1}, stored as q + 1: the same as comparing with +-0.5 (roundf rounds
+    [0.5, 1.5) to 1 and (-0.5, 0.5) to 0), written without branches so that the loops vectorize."""
+    return np.int32(v >= _HALF) - np.int32(v <= -_HALF) + 1
+
+
+@numba.njit(cache=True, nogil=True)
+def _tq2_0_blocks(x, s, out):  # d = amax; element j*128 + l*32 + m at bits 2l of byte j*32 + m
+    for b in range(x.shape[0]):
+        d = _absmax(x, b, 256)
+        inv = _recip(d)  # codes of a block whose 1/amax overflows are 0 (stored as 1)
+        s[b, 0] = d
         for j in range(2):
+            o = j * 128
             for m in range(32):
-                byte = 0
-                for l in range(4):
-                    q = np.int32(min(max(_roundf(x[b, j * 128 + l * 32 + m] * inv), -_F1), _F1)) + 1
-                    byte |= (q & 3) << (2 * l)
-                codes_out[b, j * 32 + m] = byte
+                out[b, j * 32 + m] = np.uint8(_ternary(x[b, o + m] * inv) | (_ternary(x[b, o + 32 + m] * inv) << 2)
+                                              | (_ternary(x[b, o + 64 + m] * inv) << 4)
+                                              | (_ternary(x[b, o + 96 + m] * inv) << 6))
+
+
+@numba.njit(cache=True, inline="always")
+def _tq1_0_group(x, b, inv, out, base, n, width, at):
+    """Bytes at..at+width of a TQ1_0 block: byte m holds elements base + i*width + m (i < n) as base-3
+    digits (the first one most significant, 5 digits a byte), stored as ceil(v * 256 / 243)."""
+    for m in range(width):
+        v = 0
+        for i in range(5):
+            v *= 3
+            if i < n:
+                v += _ternary(x[b, base + i * width + m] * inv)
+        out[b, at + m] = np.uint8((v * 256 + 242) // 243)
+
+
+@numba.njit(cache=True, nogil=True)
+def _tq1_0_blocks(x, s, out):  # d = amax; 48 bytes of 5 trits, 4 bytes of 4 trits, then fp16 d
+    for b in range(x.shape[0]):
+        d = _absmax(x, b, 256)
+        inv = _recip(d)
+        s[b, 0] = d
+        _tq1_0_group(x, b, inv, out, 0, 5, 32, 0)
+        _tq1_0_group(x, b, inv, out, 160, 5, 16, 32)
+        _tq1_0_group(x, b, inv, out, 240, 4, 4, 48)
+
+
+# MXFP4: e2m1 code values, doubled (the scale is 2^(e - 128), half of OCP MX's 2^(e - 127))
+_MX_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32)
+
+
+@numba.njit(cache=True, nogil=True)
+def _mxfp4_blocks(x, s, out):  # e = floor(log2(amax)) + 125, then the nearest code (first on ties)
+    errs = np.empty(16, np.float32)
+    for b in range(x.shape[0]):
+        amax = _absmax(x, b, 32)
+        e = 0
+        if amax > _F0:
+            # log2 rounded to f32 (as the reference's f32 log2 does near powers of two), floored; below
+            # 2^-125 the reference casts a negative number to uint8 (CPU-dependent): the scale byte is 0
+            e = max(int(np.floor(np.float32(np.log2(np.float64(amax))))) + 125, 0)
+        out[b, 0] = np.uint8(e)
+        d = np.float32(math.ldexp(1.0, e - 128))  # the E8M0 byte, halved: 2^(e - 128), exact in f32
+        for k in range(16):
+            errs[k] = d * _MX_VALUES[k]
+        for j in range(32):
+            v = x[b, j]
+            best, idx = abs(errs[0] - v), 0
+            for k in range(1, 16):
+                err = abs(errs[k] - v)
+                if err < best:
+                    best, idx = err, k
+            if j < 16:
+                out[b, 1 + j] = np.uint8(idx)
+            else:
+                out[b, 1 + j - 16] |= np.uint8(idx << 4)
+
+
+_KERNELS = {name: globals()[c.kernel] for name, c in CODECS.items()}  # a codec without a kernel fails here
 
 
 def _check(x: np.ndarray, block: int, name: str) -> np.ndarray:
@@ -95,28 +284,20 @@ def _check(x: np.ndarray, block: int, name: str) -> np.ndarray:
     return x
 
 
-def quantize_q8_0(x: np.ndarray) -> np.ndarray:
-    """float array (..., K), K % 32 == 0 -> uint8 (..., K/32*34) of GGML Q8_0 blocks."""
-    x = _check(x, Q8_0_BLOCK, "quantize_q8_0")
-    blocks = x.reshape(-1, Q8_0_BLOCK)
-    d = np.empty(blocks.shape[0], np.float32)
-    out = np.empty((blocks.shape[0], Q8_0_BYTES), np.uint8)
-    _q8_0_blocks(blocks, d, out[:, 2:].view(np.int8))  # quants written straight into the block bytes
-    with np.errstate(over="ignore"):  # amax / 127 > 65504 stores an infinite scale, as the reference does
-        out[:, :2] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
-    return out.reshape(*x.shape[:-1], x.shape[-1] // Q8_0_BLOCK * Q8_0_BYTES)
-
-
-def quantize_tq2_0(x: np.ndarray) -> np.ndarray:
-    """float array (..., K), K % 256 == 0 -> uint8 (..., K/256*66) of GGML TQ2_0 blocks."""
-    x = _check(x, TQ2_0_BLOCK, "quantize_tq2_0")
-    blocks = x.reshape(-1, TQ2_0_BLOCK)
-    d = np.empty(blocks.shape[0], np.float32)
-    out = np.empty((blocks.shape[0], TQ2_0_BYTES), np.uint8)
-    _tq2_0_blocks(blocks, d, out[:, :64])  # codes written straight into the block bytes
-    with np.errstate(over="ignore"):
-        out[:, 64:] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
-    return out.reshape(*x.shape[:-1], x.shape[-1] // TQ2_0_BLOCK * TQ2_0_BYTES)
+def quantize(x: np.ndarray, encoding: str) -> np.ndarray:
+    """float array (..., K), K a multiple of the block -> uint8 (..., K/block*bytes) of GGML blocks."""
+    c = get_codec(encoding, "quantize")
+    x = _check(x, c.block, f"quantize_{c.short}")
+    blocks = x.reshape(-1, c.block)
+    nb = blocks.shape[0]
+    scales = np.empty((nb, len(c.scale_offsets)), np.float32)
+    out = np.empty((nb, c.nbytes), np.uint8)
+    _KERNELS[c.name](blocks, scales, out)
+    with np.errstate(over="ignore"):  # a scale > 65504 is stored as an infinite fp16, as the reference does
+        s16 = scales.astype(np.float16).view(np.uint8)
+    for i, off in enumerate(c.scale_offsets):
+        out[:, off:off + 2] = s16[:, 2 * i:2 * i + 2]
+    return out.reshape(*x.shape[:-1], x.shape[-1] // c.block * c.nbytes)
 
 
 def _packed(p: np.ndarray, nbytes: int, name: str) -> np.ndarray:
@@ -128,61 +309,63 @@ def _packed(p: np.ndarray, nbytes: int, name: str) -> np.ndarray:
 
 
 def block_fields(xp, rows, encoding: str) -> tuple:
-    """Packed rows [R, nb * BYTES] -> (codes, scales) without copying the codes: a strided view of int8
-    [R, nb, 32] (Q8_0) or uint8 [R, nb, 64] (TQ2_0), and the fp16 block scales as f32 [R, nb, 1].
+    """Packed rows [R, nb * BYTES] -> the codec's fields, each [R, nb, ...]: strided views of the codes
+    (no copy) and small f32 copies of the fp16 block scales.
 
     Array-module generic (`xp` = numpy or cupy): the one decoder of the block layouts, used here and by
     the CUDA runtime (rlx_runtime/cuda/blocks.py)."""
-    nbytes = ENCODINGS[encoding][1]
-    b = rows.reshape(rows.shape[0], rows.shape[1] // nbytes, nbytes)
-    if encoding == "gguf_q8_0":
-        codes, scale_bytes = b[:, :, 2:Q8_0_BYTES].view(xp.int8), b[:, :, :2]
-    else:
-        codes, scale_bytes = b[:, :, :64], b[:, :, 64:TQ2_0_BYTES]
-    return codes, xp.ascontiguousarray(scale_bytes).view(xp.float16).astype(xp.float32)
+    c = get_codec(encoding)
+    return c.fields(xp, rows.reshape(rows.shape[0], rows.shape[1] // c.nbytes, c.nbytes))
 
 
-def dequantize_fields(xp, codes, scales, encoding: str, out):
-    """Decode block_fields' (codes, scales) for R rows into `out` (f32 [R, nb * BLOCK], contiguous): d * q."""
-    rows, nb = codes.shape[:2]
-    if encoding == "gguf_q8_0":
-        xp.multiply(codes, scales, out=out.reshape(rows, nb, Q8_0_BLOCK))
-        return out
-    # TQ2_0: value j*128 + l*32 + m is bits 2l..2l+1 of byte j*32 + m, stored as q + 1
-    shifts = xp.arange(0, 8, 2, dtype=xp.uint8).reshape(1, 1, 1, 4, 1)
-    q = (codes.reshape(rows, nb, 2, 1, 32) >> shifts) & 3
-    xp.multiply(xp.subtract(q, 1, dtype=xp.float32), scales.reshape(rows, nb, 1, 1, 1),
-                out=out.reshape(rows, nb, 2, 4, 32))
+def dequantize_fields(xp, fields: tuple, encoding: str, out):
+    """Decode block_fields' fields for R rows into `out` (f32 [R, nb * BLOCK], contiguous)."""
+    c = get_codec(encoding)
+    rows, nb = fields[0].shape[:2]
+    c.decode(xp, fields, out.reshape(rows, nb, c.block))
     return out
 
 
-def _dequantize(p: np.ndarray, encoding: str, name: str) -> np.ndarray:
-    block, nbytes = ENCODINGS[encoding]
-    p = _packed(p, nbytes, name)
+def dequantize(p: np.ndarray, encoding: str) -> np.ndarray:
+    """uint8 (..., K/block*bytes) of GGML blocks -> float32 (..., K)."""
+    c = get_codec(encoding, "dequantize")
+    p = _packed(p, c.nbytes, f"dequantize_{c.short}")
     rows = p.reshape(-1, p.shape[-1])
-    codes, scales = block_fields(np, rows, encoding)
-    out = np.empty((rows.shape[0], rows.shape[1] // nbytes * block), np.float32)
-    with np.errstate(invalid="ignore"):  # an infinite scale times code 0 is NaN (IEEE, as in the reference)
-        return dequantize_fields(np, codes, scales, encoding, out).reshape(*p.shape[:-1], out.shape[1])
+    out = np.empty((rows.shape[0], rows.shape[1] // c.nbytes * c.block), np.float32)
+    # an infinite scale times code 0 is NaN; MXFP4's largest scale times 12 overflows to Inf (IEEE, as in the
+    # reference)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return dequantize_fields(np, block_fields(np, rows, encoding), encoding, out).reshape(*p.shape[:-1],
+                                                                                             out.shape[1])
+
+
+def quantize_q8_0(x: np.ndarray) -> np.ndarray:
+    """float array (..., K), K % 32 == 0 -> uint8 (..., K/32*34) of GGML Q8_0 blocks."""
+    return quantize(x, "gguf_q8_0")
+
+
+def quantize_tq2_0(x: np.ndarray) -> np.ndarray:
+    """float array (..., K), K % 256 == 0 -> uint8 (..., K/256*66) of GGML TQ2_0 blocks."""
+    return quantize(x, "gguf_tq2_0")
 
 
 def dequantize_q8_0(p: np.ndarray) -> np.ndarray:
-    return _dequantize(p, "gguf_q8_0", "dequantize_q8_0")
+    return dequantize(p, "gguf_q8_0")
 
 
 def dequantize_tq2_0(p: np.ndarray) -> np.ndarray:
-    return _dequantize(p, "gguf_tq2_0", "dequantize_tq2_0")
+    return dequantize(p, "gguf_tq2_0")
 
 
-def is_lossless_ternary(w: np.ndarray) -> bool:
-    """True if every 256-block of the last axis holds only {-a, 0, +a} with `a` fp16-exact.
+def is_lossless_ternary(w: np.ndarray, block: int = TQ2_0_BLOCK) -> bool:
+    """True if every `block` of the last axis holds only {-a, 0, +a} with `a` fp16-exact.
 
-    Then TQ2_0 round-trips the tensor bit-exactly. Vectorized; NaN/Inf answer False.
+    Then the ternary codecs (TQ1_0, TQ2_0) round-trip the tensor bit-exactly. Vectorized; NaN/Inf answer False.
     """
     w = np.asarray(w)
-    if w.dtype.kind != "f" or w.ndim == 0 or w.shape[-1] % TQ2_0_BLOCK or w.size == 0:
+    if w.dtype.kind != "f" or w.ndim == 0 or w.shape[-1] % block or w.size == 0:
         return False
-    b = np.ascontiguousarray(w, dtype=np.float32).reshape(-1, TQ2_0_BLOCK)
+    b = np.ascontiguousarray(w, dtype=np.float32).reshape(-1, block)
     mag = np.abs(b)
     a = mag.max(axis=1)
     if not np.isfinite(a).all():
@@ -190,19 +373,3 @@ def is_lossless_ternary(w: np.ndarray) -> bool:
     if not (a.astype(np.float16).astype(np.float32) == a).all():
         return False
     return bool(((mag == 0) | (mag == a[:, None])).all())
-
-
-def quantize(x: np.ndarray, encoding: str) -> np.ndarray:
-    if encoding == "gguf_q8_0":
-        return quantize_q8_0(x)
-    if encoding == "gguf_tq2_0":
-        return quantize_tq2_0(x)
-    raise QuantError(f"unknown encoding {encoding!r}; expected one of {sorted(ENCODINGS)}")
-
-
-def dequantize(p: np.ndarray, encoding: str) -> np.ndarray:
-    if encoding == "gguf_q8_0":
-        return dequantize_q8_0(p)
-    if encoding == "gguf_tq2_0":
-        return dequantize_tq2_0(p)
-    raise QuantError(f"unknown encoding {encoding!r}; expected one of {sorted(ENCODINGS)}")

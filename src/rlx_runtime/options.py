@@ -24,7 +24,7 @@ class CompileOptions:
         (default: the RLX_CACHE_PARAM_INVARIANT environment variable).
     cache_shape_invariant: also prepare what depends only on input *shapes* (through Shape), once
         per distinct shape key (implies the param-invariant hoisting).
-    unpack_quantized: dequantize packed (Q8_0/TQ2_0) weights once at compile and run plain matmuls:
+    unpack_quantized: dequantize packed (GGML block) weights once at compile and run plain matmuls:
         small file on disk, f32 weights in RAM, unquantized speed.
     optimize: run simplify/fold/DCE/dedupe even without bindings.
     precompute: evaluate constant-only work once here, bound into the plan, so no forward redoes it

@@ -8,12 +8,14 @@ tile (TILE_ROWS x K floats), not the N x K weight.
 
 from __future__ import annotations
 
+import math
 import threading
 
 import numpy as np
 
 from rlx_format.numba_setup import numba
-from rlx_format.quants import ENCODINGS, dequantize
+from rlx_format.codecs import CODECS, get_codec
+from rlx_format.quants import block_fields, dequantize, dequantize_fields
 
 prange = numba.prange
 
@@ -131,26 +133,222 @@ def _tq2_0_rows(pk, n0, n1, buf):
                         brow[b * 256 + j * 128 + l * 32 + i] = q * d
 
 
+# Block decoders for the types without hand-written kernels: decode block `o` (byte offset) of a packed
+# row into t[:block] as the reference does (d * q, then + m); _decoder_kernels builds the fused and
+# row-tile kernels of a type around its decoder.
+_F16 = np.float32(16.0)
+_F8 = np.float32(8.0)
+
+
+@numba.njit(cache=True, inline="always")
+def _dec_q4_0(p, o, t):
+    d = _half(p[o], p[o + 1])
+    for j in range(16):
+        b = p[o + 2 + j]
+        t[j] = (np.float32(b & 15) - _F8) * d
+        t[j + 16] = (np.float32(b >> 4) - _F8) * d
+
+
+@numba.njit(cache=True, inline="always")
+def _dec_q4_1(p, o, t):
+    d, m = _half(p[o], p[o + 1]), _half(p[o + 2], p[o + 3])
+    for j in range(16):
+        b = p[o + 4 + j]
+        t[j] = np.float32(b & 15) * d + m
+        t[j + 16] = np.float32(b >> 4) * d + m
+
+
+@numba.njit(cache=True, inline="always")
+def _q5_high(p, at):
+    return np.int64(p[at]) | (np.int64(p[at + 1]) << 8) | (np.int64(p[at + 2]) << 16) | (np.int64(p[at + 3]) << 24)
+
+
+@numba.njit(cache=True, inline="always")
+def _dec_q5_0(p, o, t):
+    d = _half(p[o], p[o + 1])
+    qh = _q5_high(p, o + 2)
+    for j in range(16):
+        b = np.int64(p[o + 6 + j])
+        t[j] = (np.float32((b & 15) | (((qh >> j) & 1) << 4)) - _F16) * d
+        t[j + 16] = (np.float32((b >> 4) | (((qh >> (j + 16)) & 1) << 4)) - _F16) * d
+
+
+@numba.njit(cache=True, inline="always")
+def _dec_q5_1(p, o, t):
+    d, m = _half(p[o], p[o + 1]), _half(p[o + 2], p[o + 3])
+    qh = _q5_high(p, o + 4)
+    for j in range(16):
+        b = np.int64(p[o + 8 + j])
+        t[j] = np.float32((b & 15) | (((qh >> j) & 1) << 4)) * d + m
+        t[j + 16] = np.float32((b >> 4) | (((qh >> (j + 16)) & 1) << 4)) * d + m
+
+
+_POW3 = np.array([1, 3, 9, 27, 81], np.int32)
+
+
+@numba.njit(cache=True, inline="always")
+def _dec_tq1_0(p, o, t):
+    d = _half(p[o + 52], p[o + 53])
+    for base, n, width, at in ((0, 5, 32, 0), (160, 5, 16, 32), (240, 4, 4, 48)):
+        for i in range(n):
+            for m in range(width):
+                q = (((np.int32(p[o + at + m]) * _POW3[i]) & 255) * 3) >> 8  # top base-3 digit after i shifts
+                t[base + i * width + m] = np.float32(q - 1) * d
+
+
+@numba.njit(cache=True, inline="always")
+def _tq1_0_lanes(prow, at, p3, d, x, xo, width, M, acc):
+    """acc[m, l] += d * q * x[m, xo + l] for the trits of bytes at..at+width after `p3` base-3 shifts."""
+    for m in range(M):
+        for l in range(width):
+            q = np.float32((((np.int32(prow[at + l]) * p3) & 255) * 3) >> 8) - np.float32(1.0)
+            acc[m, l] += d * (q * x[m, xo + l])
+
+
+@numba.njit(cache=True, parallel=True, fastmath=_DOT_MATH)
+def _tq1_0_fused(x, pk, out):
+    M, K = x.shape
+    nb = K // 256
+    for n in prange(pk.shape[0]):
+        prow = pk[n]
+        acc = np.zeros((M, 32), np.float32)
+        for b in range(nb):
+            o, xb = b * 54, b * 256
+            d = _half(prow[o + 52], prow[o + 53])
+            for i in range(5):
+                _tq1_0_lanes(prow, o, _POW3[i], d, x, xb + i * 32, 32, M, acc)
+                _tq1_0_lanes(prow, o + 32, _POW3[i], d, x, xb + 160 + i * 16, 16, M, acc)
+            for i in range(4):
+                _tq1_0_lanes(prow, o + 48, _POW3[i], d, x, xb + 240 + i * 4, 4, M, acc)
+        for m in range(M):
+            out[m, n] = acc[m].sum()
+
+
+def tq1_0_fused(x2, pk, out):
+    parallel_call(_tq1_0_fused, x2, pk, out)
+
+
+_MX_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32)
+
+
+@numba.njit(cache=True, inline="always")
+def _dec_mxfp4(p, o, t):
+    d = np.float32(math.ldexp(1.0, np.int64(p[o]) - 128))  # the E8M0 byte, halved: 2^(e - 128), exact in f32
+    for j in range(16):
+        b = p[o + 1 + j]
+        t[j] = _MX_VALUES[b & 15] * d
+        t[j + 16] = _MX_VALUES[b >> 4] * d
+
+
+# The block decoders by index: one compiled (and cached) kernel serves them all through a branch per
+# block; a function-typed argument would be recompiled in every process (numba cannot cache it).
+_BLOCK_DECODERS = ("_dec_q4_0", "_dec_q4_1", "_dec_q5_0", "_dec_q5_1", "_dec_tq1_0", "_dec_mxfp4")
+
+
+@numba.njit(cache=True, inline="always")
+def _decode_block(kind, p, o, t):
+    if kind == 0:
+        _dec_q4_0(p, o, t)
+    elif kind == 1:
+        _dec_q4_1(p, o, t)
+    elif kind == 2:
+        _dec_q5_0(p, o, t)
+    elif kind == 3:
+        _dec_q5_1(p, o, t)
+    elif kind == 4:
+        _dec_tq1_0(p, o, t)
+    else:
+        _dec_mxfp4(p, o, t)
+
+
+@numba.njit(cache=True, parallel=True, fastmath=_DOT_MATH)
+def _block_fused(x, pk, out, kind, block, nbytes):
+    """The fused dot kernel on a block decoder: decode a block into `t`, then 32 accumulator lanes."""
+    M, K = x.shape
+    nb = K // block
+    for n in prange(pk.shape[0]):
+        prow = pk[n]
+        t = np.empty(block, np.float32)
+        acc = np.zeros((M, 32), np.float32)
+        for b in range(nb):
+            _decode_block(kind, prow, b * nbytes, t)
+            for c in range(block // 32):
+                for m in range(M):
+                    for i in range(32):
+                        acc[m, i] += t[c * 32 + i] * x[m, b * block + c * 32 + i]
+        for m in range(M):
+            out[m, n] = acc[m].sum()
+
+
+@numba.njit(cache=True, nogil=True)
+def _block_rows(pk, n0, n1, buf, kind, block, nbytes):
+    nb = buf.shape[1] // block
+    for r in range(n1 - n0):
+        prow, brow = pk[n0 + r], buf[r]
+        for b in range(nb):
+            _decode_block(kind, prow, b * nbytes, brow[b * block:(b + 1) * block])
+
+
+def _decoder_kernels(dec: str, block: int, nbytes: int) -> tuple:
+    """(fused, rows) kernels on the numba block decoder named `dec`."""
+    kind = _BLOCK_DECODERS.index(dec)
+    return (lambda x2, pk, out: parallel_call(_block_fused, x2, pk, out, kind, block, nbytes),
+            lambda pk, n0, n1, buf: _block_rows(pk, n0, n1, buf, kind, block, nbytes))
+
+
+def q8_0_fused(x2, pk, out):
+    parallel_call(_q8_0_fused, x2, pk, pk.view(np.int8), out)
+
+
+def tq2_0_fused(x2, pk, out):
+    parallel_call(_tq2_0_fused, x2, pk, out)
+
+
+def q8_0_rows(pk, n0, n1, buf):
+    _q8_0_rows(pk, pk.view(np.int8), n0, n1, buf)
+
+
+def tq2_0_rows(pk, n0, n1, buf):
+    _tq2_0_rows(pk, n0, n1, buf)
+
+
+def _array_rows(encoding: str):
+    """Row-tile decoder for a codec without a numba one: the registry's array-op decoder on numpy."""
+    def rows(pk, n0, n1, buf):
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN / Inf as in dequantize()
+            dequantize_fields(np, block_fields(np, pk[n0:n1], encoding), encoding, buf[: n1 - n0])
+    return rows
+
+
+def _cpu_kernels(name: str, c) -> tuple:
+    """(fused dot kernel or None, row-tile decoder) of a codec, from the kernels it names; a codec that names
+    none gets the array-op decoder (so a new codec runs at once)."""
+    if c.cpu_rows:  # hand-written kernels
+        return globals()[c.cpu_fused] if c.cpu_fused else None, globals()[c.cpu_rows]
+    if c.cpu_block:
+        fused, rows = _decoder_kernels(c.cpu_block, c.block, c.nbytes)
+        return (globals()[c.cpu_fused] if c.cpu_fused else fused), rows
+    return None, _array_rows(name)
+
+
+_CPU = {name: _cpu_kernels(name, c) for name, c in CODECS.items()}
+
+
 def dequant_matmul(x: np.ndarray, packed: np.ndarray, encoding: str, n: int, k: int) -> np.ndarray:
     """x[..., K] f32 @ W.T where W (N, K) is given as packed GGML rows -> [..., N] f32."""
+    fused, rows = _CPU[get_codec(encoding, "DequantMatMul").name]
     lead = x.shape[:-1]
     x2 = np.ascontiguousarray(x.reshape(-1, k), dtype=np.float32)
     pk = np.ascontiguousarray(packed)
     m = x2.shape[0]
     out = np.empty((m, n), np.float32)
-    if m <= FUSED_MAX_ROWS:
-        if encoding == "gguf_q8_0":
-            parallel_call(_q8_0_fused, x2, pk, pk.view(np.int8), out)
-        else:
-            parallel_call(_tq2_0_fused, x2, pk, out)
+    if m <= FUSED_MAX_ROWS and fused is not None:
+        fused(x2, pk, out)
     else:
         buf = np.empty((min(TILE_ROWS, n), k), np.float32)
         for n0 in range(0, n, TILE_ROWS):
             n1 = min(n, n0 + TILE_ROWS)
-            if encoding == "gguf_q8_0":
-                _q8_0_rows(pk, pk.view(np.int8), n0, n1, buf)
-            else:
-                _tq2_0_rows(pk, n0, n1, buf)
+            rows(pk, n0, n1, buf)
             out[:, n0:n1] = x2 @ buf[: n1 - n0].T  # (matmul into a strided `out=` skips BLAS)
     return out.reshape(*lead, n)
 
@@ -159,4 +357,4 @@ def dequantize_cpu(packed: np.ndarray, encoding: str, shape: list[int]) -> np.nd
     return dequantize(packed, encoding).reshape(shape)
 
 
-__all__ = ["dequant_matmul", "dequantize_cpu", "ENCODINGS"]
+__all__ = ["dequant_matmul", "dequantize_cpu"]

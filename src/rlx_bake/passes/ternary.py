@@ -1,29 +1,33 @@
-"""ternary: MatMul weights that are exactly {-a, 0, +a} per 256-block pack losslessly as TQ2_0."""
+"""ternary: MatMul weights that are exactly {-a, 0, +a} per 256-block pack losslessly, in the smallest
+ternary codec of the registry (TQ1_0, 1.69 bits per weight; TQ2_0 is 2.06)."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from rlx_format.codecs import ternary_codecs
 from rlx_format.graph import Graph
-from rlx_format.quants import TQ2_0_BLOCK, is_lossless_ternary, quantize_tq2_0
+from rlx_format.quants import is_lossless_ternary
 
 from .packing import matmul_uses, pack_weight
 
 
-def pack_ternary_weights(graph: Graph, report, packed_suffix: str = ".tq2_0") -> Graph:
+def pack_ternary_weights(graph: Graph, report) -> Graph:
+    codec = ternary_codecs()[0]  # every ternary codec is lossless on these weights: take the smallest
+    block = codec.block
     for wname, nodes in matmul_uses(graph).items():
         w = graph.constants[wname].value
         k = w.shape[0]
-        if k % TQ2_0_BLOCK:
-            if k >= TQ2_0_BLOCK and is_lossless_ternary(np.ascontiguousarray(w[: k - k % TQ2_0_BLOCK].T)):
+        if k % block:
+            if k >= block and is_lossless_ternary(np.ascontiguousarray(w[: k - k % block].T), block):
                 report.notes.append(f"weight {wname!r} looks ternary but K={k} is not a multiple of "
-                                    f"{TQ2_0_BLOCK}; kept dense")
+                                    f"{block}; kept dense")
             continue
-        if not is_lossless_ternary(np.ascontiguousarray(w[:TQ2_0_BLOCK, 0])):  # cheap probe: first block
+        if not is_lossless_ternary(np.ascontiguousarray(w[:block, 0]), block):  # cheap probe: first block
             continue
         wt = np.ascontiguousarray(w.T)  # DequantMatMul rows are output channels: (N, K)
-        if not is_lossless_ternary(wt):
+        if not is_lossless_ternary(wt, block):
             continue
-        pack_weight(graph, report, wname, nodes, quantize_tq2_0(wt), "gguf_tq2_0", packed_suffix)
+        pack_weight(graph, report, wname, nodes, codec.quantize(wt), codec.name, f".{codec.short}")
         report.ternary.append(wname)
     return graph.validate()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from ..constants import QUANT_ENCODINGS
 from ..dtypes import FLOAT_DTYPES
 from .core import (
     Dim, InferCtx, Shape, TensorType, _require_float, _same_dtypes, broadcast_shapes, dims_equal_or_symbolic,
@@ -194,7 +195,7 @@ def _sdpa(ctx: InferCtx) -> TensorType:
     return TensorType(q.dtype, batch + (q.shape[-2], v.shape[-1]))
 
 
-QUANT_BLOCKS = {"gguf_q8_0": (32, 34), "gguf_tq2_0": (256, 66)}  # encoding -> (block elems, block bytes)
+QUANT_BLOCKS = QUANT_ENCODINGS  # encoding -> (block elems, block bytes), from the codec registry
 
 
 def _dequantize(ctx: InferCtx) -> TensorType:

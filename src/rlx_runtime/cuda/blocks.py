@@ -1,16 +1,18 @@
 """Packed GGML blocks on an array module `xp` (cupy on a GPU; numpy in tests and for DequantGather on CPU).
 
-A packed [N, nb * BYTES] weight is split once (rlx_format.quants.block_fields: a strided view of its
-codes and a small f32 copy of its per-block scales); each forward then dequantizes row tiles of at most
-TILE_BYTES into one buffer and multiplies them with BLAS (cuBLAS on CUDA), so the whole f32 weight
-never exists at once. Values are bit-identical to rlx_format.quants.dequantize (the same decoder).
+A packed [N, nb * BYTES] weight is split once (rlx_format.quants.block_fields, from the codec
+registry: strided views of its codes and small f32 copies of its per-block scales); each forward then
+dequantizes row tiles of at most TILE_BYTES into one buffer and multiplies them with BLAS (cuBLAS on
+CUDA), so the whole f32 weight never exists at once. Values are bit-identical to
+rlx_format.quants.dequantize (the same decoder).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlx_format.quants import ENCODINGS, block_fields, dequantize_fields
+from rlx_format.codecs import get_codec
+from rlx_format.quants import block_fields, dequantize_fields
 
 TILE_BYTES = 16 << 20  # f32 tile buffer per DequantMatMul call: 16 MiB (1024 rows at K = 4096)
 
@@ -21,24 +23,23 @@ class SplitWeight:
 
     packed: object
     encoding: str
-    codes: object
-    scales: object
+    fields: tuple  # the codec's fields, each [N, nb, ...]
 
 
 def split(xp, packed, encoding: str) -> SplitWeight:
-    return SplitWeight(packed, encoding, *block_fields(xp, packed.reshape(-1, packed.shape[-1]), encoding))
+    return SplitWeight(packed, encoding, block_fields(xp, packed.reshape(-1, packed.shape[-1]), encoding))
 
 
 def dequantize_rows(xp, w: SplitWeight, r0: int, r1: int, out) -> object:
     """Rows r0:r1 of the weight, dequantized into `out` (f32 [r1 - r0, K], contiguous)."""
-    return dequantize_fields(xp, w.codes[r0:r1], w.scales[r0:r1], w.encoding, out)
+    return dequantize_fields(xp, tuple(f[r0:r1] for f in w.fields), w.encoding, out)
 
 
 def dequantize_all(xp, packed, encoding: str, shape) -> object:
     """The Dequantize op: the whole tensor as f32 of `shape`."""
     w = split(xp, packed, encoding)
-    n, nb = w.codes.shape[:2]
-    out = xp.empty((n, nb * ENCODINGS[encoding][0]), dtype=xp.float32)
+    n, nb = w.fields[0].shape[:2]
+    out = xp.empty((n, nb * get_codec(encoding).block), dtype=xp.float32)
     return dequantize_rows(xp, w, 0, n, out).reshape(tuple(shape))
 
 

@@ -8,11 +8,12 @@ import importlib.resources
 
 import numpy as np
 
+from rlx_format.codecs import CODECS
 from rlx_format.errors import RlxError
 
 FUSED_MAX_ROWS = 8     # RLX_MAX_M in kernels.cu: input rows one weight load serves
 ROWS_PER_BLOCK = 8     # warps (= output rows) per thread block
-_ENTRY = {"gguf_q8_0": "rlx_q8_0_gemv", "gguf_tq2_0": "rlx_tq2_0_gemv"}
+_ENTRY = {c.name: c.cuda_gemv for c in CODECS.values() if c.cuda_gemv}  # codecs with a fused kernel
 _modules: dict = {}    # GPU id -> RawModule
 
 
@@ -23,6 +24,11 @@ def source() -> str:
 def available(xp) -> bool:
     """Custom kernels need real cupy (the CPU stand-in used by tests has no RawModule)."""
     return hasattr(xp, "RawModule")
+
+
+def supports(encoding: str) -> bool:
+    """Whether kernels.cu has a fused kernel for `encoding` (the codec names it); others take the tiled path."""
+    return encoding in _ENTRY
 
 
 def _module(xp):

@@ -53,7 +53,7 @@ def _dequant_matmul_device(xp, a, x, packed):
     enc, N, K = a["encoding"], a["N"], a["K"]
     lead = x.shape[:-1]
     x2 = x.reshape(-1, K)
-    if x2.shape[0] <= fused.FUSED_MAX_ROWS and fused.available(xp):
+    if x2.shape[0] <= fused.FUSED_MAX_ROWS and fused.supports(enc) and fused.available(xp):
         y = fused.gemv(xp, x2, packed, enc, N, K)
     else:
         split = a.get("_split")
