@@ -69,7 +69,7 @@ def _run(op: str, inputs: list[np.ndarray], attrs: dict, consts: tuple[int, ...]
 
 def compute() -> dict[str, np.ndarray]:
     from rlx_format.quants import quantize_q8_0, quantize_tq2_0
-    from rlx_runtime.ufuncs import erf, gelu_erf
+    from rlx_runtime.ufuncs import erf, gelu_erf, sigmoid, silu
 
     out: dict[str, np.ndarray] = {}
     with np.errstate(all="ignore"):
@@ -86,6 +86,9 @@ def compute() -> dict[str, np.ndarray]:
         out["erf"] = erf(f)
         out["erf_small"] = erf(f[:100])  # the serial kernel
         out["gelu"] = gelu_erf(f)
+        out["sigmoid"] = sigmoid(f)
+        out["sigmoid_small"] = sigmoid(f[:100])  # the serial kernel
+        out["silu"] = silu(f)
         for to in ("i8", "u8", "i16", "i32", "i64"):
             out[f"cast/{to}"] = _run("Cast", [f], {"to": to})
             out[f"cast16/{to}"] = _run("Cast", [f.astype(np.float16)], {"to": to})

@@ -99,18 +99,22 @@ def _conv(xp, a, x, w, b=None):
     nsp = x.ndim - 2
     strides, dil, pads = _spatial(a, nsp)
     g = a["group"]
-    if any(pads):
-        x = xp.pad(x, [(0, 0), (0, 0)] + [(pads[i], pads[i + nsp]) for i in range(nsp)])
     n, c = x.shape[:2]
     o, k = w.shape[0], w.shape[2:]
-    out_sp = [window_count(x.shape[2 + i], k[i], strides[i], dil[i], 0, 0) for i in range(nsp)]  # x is padded
-    # im2col from one strided slice per kernel offset, then a single (batched) GEMM
-    cols = xp.stack([x[(slice(None), slice(None)) + tuple(
-        slice(pos[i] * dil[i], pos[i] * dil[i] + (out_sp[i] - 1) * strides[i] + 1, strides[i]) for i in range(nsp))]
-        for pos in np.ndindex(*k)], axis=2)                        # (n, c, K, *out)
+    out_sp = [window_count(x.shape[2 + i], k[i], strides[i], dil[i], pads[i], pads[i + nsp]) for i in range(nsp)]
+    if all(ki == 1 for ki in k) and not any(pads):
+        # 1x1: the (strided) input itself is the column matrix; no copy when the stride is 1
+        cols = x[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in strides)]
+    else:
+        if any(pads):
+            x = xp.pad(x, [(0, 0), (0, 0)] + [(pads[i], pads[i + nsp]) for i in range(nsp)])
+        # im2col from one strided slice per kernel offset, then a single (batched) GEMM
+        cols = xp.stack([x[(slice(None), slice(None)) + tuple(
+            slice(pos[i] * dil[i], pos[i] * dil[i] + (out_sp[i] - 1) * strides[i] + 1, strides[i])
+            for i in range(nsp))] for pos in np.ndindex(*k)], axis=2)                    # (n, c, K, *out)
     cols = cols.reshape(n, g, (c // g) * math.prod(k), math.prod(out_sp))
     wg = w.reshape(g, o // g, (c // g) * math.prod(k))
-    y = xp.matmul(wg, cols).reshape(n, o, *out_sp)                # (n, g, o/g, P) -> (n, o, *out)
+    y = xp.matmul(wg[0] if g == 1 else wg, cols).reshape(n, o, *out_sp)  # (n, g, o/g, P) -> (n, o, *out)
     if b is not None:
         y += b.reshape((1, o) + (1,) * nsp)
     return y
