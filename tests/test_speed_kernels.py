@@ -139,3 +139,43 @@ def test_sigmoid_alone_neither_fits_the_erf_tables_nor_imports_scipy_special():
             "assert u._tables.cache_info().currsize == 1\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def _conv_reference(x, w, b, strides, dil, pads, g):
+    """Direct float64 convolution on an explicitly padded input (any rank)."""
+    nsp = x.ndim - 2
+    xp = np.pad(x.astype(np.float64), [(0, 0), (0, 0)] + [(pads[i], pads[i + nsp]) for i in range(nsp)])
+    k = w.shape[2:]
+    out = [(xp.shape[2 + i] - (k[i] - 1) * dil[i] - 1) // strides[i] + 1 for i in range(nsp)]
+    n, c = x.shape[:2]
+    o = w.shape[0]
+    y = np.zeros((n, o, *out))
+    for pos in np.ndindex(*k):
+        win = xp[(slice(None), slice(None)) + tuple(
+            slice(pos[i] * dil[i], pos[i] * dil[i] + (out[i] - 1) * strides[i] + 1, strides[i]) for i in range(nsp))]
+        for gi in range(g):
+            xs = win[:, gi * (c // g):(gi + 1) * (c // g)]
+            ws = w[gi * (o // g):(gi + 1) * (o // g), :, *pos].astype(np.float64)
+            y[:, gi * (o // g):(gi + 1) * (o // g)] += np.einsum("nc...,oc->no...", xs, ws)
+    return y + b.reshape((1, o) + (1,) * nsp)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_im2col_with_pads_up_to_twice_the_kernel_matches_direct_convolution(seed):
+    """Pads larger than the window (kernel offsets that read only padding), strides, dilations, groups."""
+    r = np.random.default_rng(seed)
+    nsp = int(r.integers(1, 4))
+    g = int(r.choice([1, 2]))
+    k = [int(r.integers(1, 4)) for _ in range(nsp)]
+    dil = [int(r.integers(1, 3)) for _ in range(nsp)]
+    strides = [int(r.integers(1, 4)) for _ in range(nsp)]
+    pads = [int(r.integers(0, 2 * k[i % nsp] + 1)) for i in range(2 * nsp)]
+    sp = [int(r.integers(1, 7)) for _ in range(nsp)]
+    if any(sp[i] + pads[i] + pads[i + nsp] < (k[i] - 1) * dil[i] + 1 for i in range(nsp)):
+        pads = [p + (k[i % nsp] - 1) * dil[i % nsp] + 1 for i, p in enumerate(pads)]  # the window must fit
+    x = r.standard_normal([2, 2 * g] + sp).astype(np.float32)
+    w = r.standard_normal([3 * g, 2] + k).astype(np.float32)
+    b = r.standard_normal(3 * g).astype(np.float32)
+    a = {"strides": strides, "dilations": dil, "pads": pads, "group": g}
+    got = KERNELS["Conv"](np, a, x, w, b)
+    np.testing.assert_allclose(got, _conv_reference(x, w, b, strides, dil, pads, g), rtol=1e-5, atol=1e-5)
