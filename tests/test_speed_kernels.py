@@ -155,7 +155,7 @@ def _conv_reference(x, w, b, strides, dil, pads, g):
             slice(pos[i] * dil[i], pos[i] * dil[i] + (out[i] - 1) * strides[i] + 1, strides[i]) for i in range(nsp))]
         for gi in range(g):
             xs = win[:, gi * (c // g):(gi + 1) * (c // g)]
-            ws = w[gi * (o // g):(gi + 1) * (o // g), :, *pos].astype(np.float64)
+            ws = w[(slice(gi * (o // g), (gi + 1) * (o // g)), slice(None)) + pos].astype(np.float64)
             y[:, gi * (o // g):(gi + 1) * (o // g)] += np.einsum("nc...,oc->no...", xs, ws)
     return y + b.reshape((1, o) + (1,) * nsp)
 
