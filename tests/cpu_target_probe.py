@@ -72,7 +72,7 @@ def _run(op: str, inputs: list[np.ndarray], attrs: dict, consts: tuple[int, ...]
 def compute() -> dict[str, np.ndarray]:
     from rlx_format.codecs import CODECS
     from rlx_format.quants import quantize
-    from rlx_runtime.ufuncs import erf, gelu_erf
+    from rlx_runtime.ufuncs import erf, gelu_erf, sigmoid, silu
 
     out: dict[str, np.ndarray] = {}
     with np.errstate(all="ignore"):
@@ -89,6 +89,8 @@ def compute() -> dict[str, np.ndarray]:
         out["erf"] = erf(f)
         out["erf_small"] = erf(f[:100])  # the serial kernel
         out["gelu"] = gelu_erf(f)
+        out["sigmoid"] = sigmoid(f)
+        out["silu"] = silu(f)
         for to in ("i8", "u8", "i16", "i32", "i64"):
             out[f"cast/{to}"] = _run("Cast", [f], {"to": to})
             out[f"cast16/{to}"] = _run("Cast", [f.astype(np.float16)], {"to": to})

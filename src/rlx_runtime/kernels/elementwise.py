@@ -17,6 +17,20 @@ def _erf(xp, x):
     return special(xp).erf(x)  # pragma: no cover - GPU only
 
 
+def _sigmoid(xp, x):
+    if xp is np:
+        from ..ufuncs import sigmoid
+        return sigmoid(x)
+    return special(xp).expit(x)  # pragma: no cover - GPU only
+
+
+def _silu(xp, x):
+    if xp is np:
+        from ..ufuncs import silu
+        return silu(x)
+    return x * special(xp).expit(x)  # pragma: no cover - GPU only
+
+
 def _unary(name: str, fn):
     KERNELS[name] = lambda xp, a, x: fn(xp, x)
 
@@ -33,9 +47,9 @@ _unary("Sin", lambda xp, x: xp.sin(x))
 _unary("Cos", lambda xp, x: xp.cos(x))
 _unary("Tan", lambda xp, x: xp.tan(x))
 _unary("Tanh", lambda xp, x: xp.tanh(x))
-_unary("Sigmoid", lambda xp, x: special(xp).expit(x))
+_unary("Sigmoid", _sigmoid)
 _unary("Relu", lambda xp, x: xp.maximum(x, x.dtype.type(0)))
-_unary("Silu", lambda xp, x: x * special(xp).expit(x))
+_unary("Silu", _silu)
 _unary("Softplus", lambda xp, x: xp.logaddexp(x.dtype.type(0), x))
 _unary("Softsign", lambda xp, x: x / (x.dtype.type(1) + xp.abs(x)))
 _unary("Erf", lambda xp, x: _erf(xp, x))

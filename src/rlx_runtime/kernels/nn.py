@@ -94,23 +94,45 @@ def _spatial(a, nsp):
     return (a.get("strides") or [1] * nsp, a.get("dilations") or [1] * nsp, a.get("pads") or [0] * (2 * nsp))
 
 
+def _im2col(xp, x, k, strides, dil, pads, out_sp):
+    """(n, c, *k, *out) columns: one strided copy per kernel offset straight from x, and zeros where
+    the window reads padding (no padded copy of x, no list of slices to stack)."""
+    nsp = len(k)
+    cols = xp.empty(x.shape[:2] + tuple(k) + tuple(out_sp), dtype=x.dtype)
+    for pos in np.ndindex(*k):
+        dst = cols[(slice(None), slice(None)) + pos]
+        src, inner = [], []
+        for d in range(nsp):
+            off = pos[d] * dil[d] - pads[d]  # input index of output 0 along d
+            lo = min(out_sp[d], max(0, -(off // strides[d])))  # first output whose input is >= 0
+            hi = max(lo, min(out_sp[d], (x.shape[2 + d] - 1 - off) // strides[d] + 1))
+            src.append(slice(lo * strides[d] + off, (hi - 1) * strides[d] + off + 1, strides[d]) if hi > lo
+                       else slice(0, 0))
+            inner.append(slice(lo, hi))
+            if lo > 0:
+                dst[(slice(None), slice(None)) + (slice(None),) * d + (slice(0, lo),)] = 0
+            if hi < out_sp[d]:
+                dst[(slice(None), slice(None)) + (slice(None),) * d + (slice(hi, None),)] = 0
+        dst[(slice(None), slice(None)) + tuple(inner)] = x[(slice(None), slice(None)) + tuple(src)]
+    return cols
+
+
 @kernel("Conv")
 def _conv(xp, a, x, w, b=None):
     nsp = x.ndim - 2
     strides, dil, pads = _spatial(a, nsp)
     g = a["group"]
-    if any(pads):
-        x = xp.pad(x, [(0, 0), (0, 0)] + [(pads[i], pads[i + nsp]) for i in range(nsp)])
     n, c = x.shape[:2]
     o, k = w.shape[0], w.shape[2:]
-    out_sp = [window_count(x.shape[2 + i], k[i], strides[i], dil[i], 0, 0) for i in range(nsp)]  # x is padded
-    # im2col from one strided slice per kernel offset, then a single (batched) GEMM
-    cols = xp.stack([x[(slice(None), slice(None)) + tuple(
-        slice(pos[i] * dil[i], pos[i] * dil[i] + (out_sp[i] - 1) * strides[i] + 1, strides[i]) for i in range(nsp))]
-        for pos in np.ndindex(*k)], axis=2)                        # (n, c, K, *out)
+    out_sp = [window_count(x.shape[2 + i], k[i], strides[i], dil[i], pads[i], pads[i + nsp]) for i in range(nsp)]
+    if all(ki == 1 for ki in k) and not any(pads):
+        # 1x1: the (strided) input itself is the column matrix; no copy when the stride is 1
+        cols = x[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in strides)]
+    else:
+        cols = _im2col(xp, x, k, strides, dil, pads, out_sp)
     cols = cols.reshape(n, g, (c // g) * math.prod(k), math.prod(out_sp))
     wg = w.reshape(g, o // g, (c // g) * math.prod(k))
-    y = xp.matmul(wg, cols).reshape(n, o, *out_sp)                # (n, g, o/g, P) -> (n, o, *out)
+    y = xp.matmul(wg[0] if g == 1 else wg, cols).reshape(n, o, *out_sp)  # (n, g, o/g, P) -> (n, o, *out)
     if b is not None:
         y += b.reshape((1, o) + (1,) * nsp)
     return y

@@ -3,6 +3,9 @@
 GELU: Mul(Mul(x, Add(Erf(Div(x, √2)), 1)), 0.5) (operands of Add/Mul in either order) -> Gelu(x).
 Only fused when the constants are exactly f32(√2), 1 and 0.5 and the intermediates feed nothing
 else, so the fused kernel reproduces the same float32 steps.
+
+SiLU: Mul(x, Sigmoid(x)) (either order) -> Silu(x) when the Sigmoid feeds nothing else; the Silu kernel
+multiplies x by the same Sigmoid result, so the values are equal.
 """
 
 from __future__ import annotations
@@ -57,6 +60,29 @@ def fuse_gelu(graph: Graph, report=None) -> Graph:
                 if graph.types[x] != graph.types[m2.name] or graph.types[x].dtype not in ("f32", "f64"):
                     continue
                 m2.op, m2.inputs, m2.attrs = "Gelu", [x], {"approximate": "none"}
+                fused += 1
+                break
+    if report is not None:
+        report.simplified += fused
+    if fused:
+        from .dce import dead_code_elimination
+        return dead_code_elimination(graph)
+    return graph
+
+
+def fuse_silu(graph: Graph, report=None) -> Graph:
+    nodes = graph.node_map()
+    users = graph.consumers()
+    outputs = set(graph.outputs)
+    fused = 0
+    for m in graph.nodes:
+        if m.op != "Mul" or len(m.inputs) != 2:
+            continue
+        for x, s_name in ((m.inputs[0], m.inputs[1]), (m.inputs[1], m.inputs[0])):
+            s = nodes.get(s_name)
+            if (s is not None and s.op == "Sigmoid" and s.inputs[0] == x and len(users.get(s_name, [])) == 1
+                    and s_name not in outputs and graph.types[x] == graph.types[m.name]):
+                m.op, m.inputs, m.attrs = "Silu", [x], {}
                 fused += 1
                 break
     if report is not None:

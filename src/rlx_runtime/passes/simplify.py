@@ -59,5 +59,5 @@ def simplify(graph: Graph, report=None) -> Graph:
             changed += 1
     if report is not None:
         report.simplified += changed
-    from .fuse import fuse_gelu
-    return fuse_gelu(graph.validate(), report)
+    from .fuse import fuse_gelu, fuse_silu
+    return fuse_silu(fuse_gelu(graph.validate(), report), report)

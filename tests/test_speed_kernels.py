@@ -1,0 +1,181 @@
+"""The CPU speed paths: numba Sigmoid/SiLU (correctly rounded but for rare near-ties, at most 1 ulp
+from the rounded float64 sigmoid), the Mul(x, Sigmoid(x)) -> Silu fusion (bit-equal results), and the
+1x1 convolution that uses its input as the column matrix (equal to the im2col path)."""
+
+import numpy as np
+import pytest
+
+from rlx_format import GraphBuilder
+from rlx_runtime import CompileOptions, Session
+from rlx_runtime.kernels import KERNELS
+from rlx_runtime.passes import PassReport, simplify
+from rlx_runtime.ufuncs import sigmoid, silu
+
+
+def _reference(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore", invalid="ignore"):
+        return (1.0 / (1.0 + np.exp(-x.astype(np.float64)))).astype(np.float32)
+
+
+def _ulps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Distance in float32 steps (finite, same-sign-aware ordering of the bit patterns)."""
+    def order(v):
+        i = v.view(np.int32).astype(np.int64)
+        return np.where(i < 0, -(i & 0x7FFFFFFF), i)
+    return np.abs(order(a) - order(b))
+
+
+def _samples(seed: int) -> np.ndarray:
+    r = np.random.default_rng(seed)
+    bits = r.integers(0, 2**32, 300_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    edges = np.array([0.0, -0.0, np.inf, -np.inf, 1e-45, -1e-45, 3.4e38, -3.4e38, 17.3, -17.3, 40.0, -40.0,
+                      88.7, -88.7, 103.9, -103.9, 104.0, -104.0, 110.0, -110.0], np.float32)
+    return np.concatenate([bits, (r.standard_normal(700_000) * 20).astype(np.float32),
+                           np.linspace(-110, 110, 200_001, dtype=np.float32), edges])
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_sigmoid_f32_within_one_ulp_of_float64_reference(seed):
+    x = _samples(seed)
+    got, ref = sigmoid(x), _reference(x)
+    nan = np.isnan(x)
+    assert np.isnan(got[nan]).all()
+    d = _ulps(got[~nan], ref[~nan])
+    assert d.max() <= 1
+    assert (d > 0).mean() < 1e-5  # off by one only at near-ties
+    assert got[~nan].min() >= 0 and got[~nan].max() <= 1
+
+
+def test_sigmoid_special_values():
+    x = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 200.0, -200.0, -103.9], np.float32)
+    got = sigmoid(x)
+    np.testing.assert_array_equal(got[:4], [0.5, 0.5, 1.0, 0.0])
+    assert np.isnan(got[4]) and got[5] == 1.0 and got[6] == 0.0
+    assert got[7] == np.float32(1e-45)  # the subnormal result, not flushed to zero
+    assert sigmoid(np.float32(1.0) * np.ones((), np.float32)).shape == ()
+
+
+def test_strided_inputs_and_silu_is_x_times_sigmoid():
+    x = (np.random.default_rng(4).standard_normal((3, 5000)) * 10).astype(np.float32)
+    whole = sigmoid(x)
+    np.testing.assert_array_equal(sigmoid(x[:, ::3]), whole[:, ::3])
+    np.testing.assert_array_equal(sigmoid(x.T), whole.T)
+    np.testing.assert_array_equal(silu(x), x * whole)
+    assert silu(x).dtype == np.float32 and sigmoid(x).shape == x.shape
+
+
+def test_other_dtypes_keep_scipy():
+    import scipy.special as sp
+
+    x = np.linspace(-30, 30, 101)
+    np.testing.assert_array_equal(sigmoid(x), sp.expit(x))
+    np.testing.assert_array_equal(silu(x), x * sp.expit(x))
+
+
+def _sigmoid_mul_graph(extra_use: bool, swap: bool):
+    g = GraphBuilder()
+    x = g.input("x", "f32", [2, 64])
+    s = g.sigmoid(x)
+    y = g.mul(s, x, name="y") if swap else g.mul(x, s, name="y")
+    g.output(y)
+    if extra_use:
+        g.output(g.neg(s, name="z"))
+    return g.build()
+
+
+@pytest.mark.parametrize("swap", [False, True])
+def test_sigmoid_mul_fuses_to_silu_with_equal_results(swap):
+    graph = _sigmoid_mul_graph(False, swap)
+    fused = simplify(graph.copy(), PassReport())
+    assert [n.op for n in fused.nodes] == ["Silu"]
+    x = (np.random.default_rng(3).standard_normal((2, 64)) * 8).astype(np.float32)
+    plain = Session().compile(graph).run({"x": x})["y"]  # compile() does not optimize
+    opt = Session().compile_with(graph, CompileOptions())
+    assert opt.plan_ops() == ["Silu"]
+    np.testing.assert_array_equal(opt.run({"x": x})["y"], plain)
+
+
+def test_sigmoid_with_another_consumer_or_of_another_tensor_is_not_fused():
+    fused = simplify(_sigmoid_mul_graph(True, False).copy(), PassReport())
+    assert sorted(n.op for n in fused.nodes) == ["Mul", "Neg", "Sigmoid"]
+    g = GraphBuilder()
+    x, z = g.input("x", "f32", [4]), g.input("z", "f32", [4])
+    g.output(g.mul(x, g.sigmoid(z), name="y"))
+    assert sorted(n.op for n in simplify(g.build().copy(), PassReport()).nodes) == ["Mul", "Sigmoid"]
+
+
+@pytest.mark.parametrize("strides,n,g", [([1, 1], 1, 1), ([2, 3], 2, 1), ([1, 1], 2, 2), ([2, 1], 1, 4)])
+def test_1x1_conv_equals_the_im2col_path(strides, n, g):
+    r = np.random.default_rng(len(strides) + n + g)
+    x = r.standard_normal((n, 8, 7, 9)).astype(np.float32)
+    w = r.standard_normal((12, 8 // g, 1, 1)).astype(np.float32)
+    b = r.standard_normal(12).astype(np.float32)
+    a = {"strides": strides, "dilations": [1, 1], "pads": [0, 0, 0, 0], "group": g}
+    got = KERNELS["Conv"](np, a, x, w, b)
+    # the same conv through im2col: a 1x1 kernel padded to 1x2 with a zero column is the same sum
+    w2 = np.concatenate([w, np.zeros_like(w)], axis=3)
+    xpad = np.concatenate([x, np.zeros_like(x[..., :1])], axis=3)
+    ref = KERNELS["Conv"](np, a, xpad, w2, b)
+    assert got.shape == ref.shape and got.flags.c_contiguous
+    np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
+    x64 = x.astype(np.float64)
+    direct = np.einsum("nchw,oc->nohw", x64[:, :, ::strides[0], ::strides[1]], w[:, :, 0, 0].astype(np.float64)) \
+        if g == 1 else None
+    if direct is not None:
+        np.testing.assert_allclose(got, direct + b.reshape(1, -1, 1, 1), rtol=1e-5, atol=1e-5)
+
+
+def test_sigmoid_alone_neither_fits_the_erf_tables_nor_imports_scipy_special():
+    """First-forward latency: the erf fit (it imports scipy.special, ~0.5 s) waits for the first Erf/Gelu."""
+    import subprocess
+    import sys
+
+    code = ("import sys, numpy as np\n"
+            "from rlx_runtime import ufuncs as u\n"
+            "u.silu(u.sigmoid(np.ones(8, np.float32)))\n"
+            "assert u._tables.cache_info().currsize == 0\n"
+            "assert 'scipy.special' not in sys.modules, 'scipy.special imported'\n"
+            "u.erf(np.ones(8, np.float32))\n"
+            "assert u._tables.cache_info().currsize == 1\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def _conv_reference(x, w, b, strides, dil, pads, g):
+    """Direct float64 convolution on an explicitly padded input (any rank)."""
+    nsp = x.ndim - 2
+    xp = np.pad(x.astype(np.float64), [(0, 0), (0, 0)] + [(pads[i], pads[i + nsp]) for i in range(nsp)])
+    k = w.shape[2:]
+    out = [(xp.shape[2 + i] - (k[i] - 1) * dil[i] - 1) // strides[i] + 1 for i in range(nsp)]
+    n, c = x.shape[:2]
+    o = w.shape[0]
+    y = np.zeros((n, o, *out))
+    for pos in np.ndindex(*k):
+        win = xp[(slice(None), slice(None)) + tuple(
+            slice(pos[i] * dil[i], pos[i] * dil[i] + (out[i] - 1) * strides[i] + 1, strides[i]) for i in range(nsp))]
+        for gi in range(g):
+            xs = win[:, gi * (c // g):(gi + 1) * (c // g)]
+            ws = w[(slice(gi * (o // g), (gi + 1) * (o // g)), slice(None)) + pos].astype(np.float64)
+            y[:, gi * (o // g):(gi + 1) * (o // g)] += np.einsum("nc...,oc->no...", xs, ws)
+    return y + b.reshape((1, o) + (1,) * nsp)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_im2col_with_pads_up_to_twice_the_kernel_matches_direct_convolution(seed):
+    """Pads larger than the window (kernel offsets that read only padding), strides, dilations, groups."""
+    r = np.random.default_rng(seed)
+    nsp = int(r.integers(1, 4))
+    g = int(r.choice([1, 2]))
+    k = [int(r.integers(1, 4)) for _ in range(nsp)]
+    dil = [int(r.integers(1, 3)) for _ in range(nsp)]
+    strides = [int(r.integers(1, 4)) for _ in range(nsp)]
+    pads = [int(r.integers(0, 2 * k[i % nsp] + 1)) for i in range(2 * nsp)]
+    sp = [int(r.integers(1, 7)) for _ in range(nsp)]
+    if any(sp[i] + pads[i] + pads[i + nsp] < (k[i] - 1) * dil[i] + 1 for i in range(nsp)):
+        pads = [p + (k[i % nsp] - 1) * dil[i % nsp] + 1 for i, p in enumerate(pads)]  # the window must fit
+    x = r.standard_normal([2, 2 * g] + sp).astype(np.float32)
+    w = r.standard_normal([3 * g, 2] + k).astype(np.float32)
+    b = r.standard_normal(3 * g).astype(np.float32)
+    a = {"strides": strides, "dilations": dil, "pads": pads, "group": g}
+    got = KERNELS["Conv"](np, a, x, w, b)
+    np.testing.assert_allclose(got, _conv_reference(x, w, b, strides, dil, pads, g), rtol=1e-5, atol=1e-5)
