@@ -37,11 +37,13 @@ def _concat(xp, a, *xs):
 
 
 @kernel("Slice")
-def _slice(xp, a, x):
+def _slice(xp, a, x, starts=None, ends=None):
+    starts = a["starts"] if starts is None else host_ints(xp, starts)
+    ends = a["ends"] if ends is None else host_ints(xp, ends)
     idx = [slice(None)] * x.ndim
-    axes = a["axes"] if a["axes"] is not None else range(len(a["starts"]))
-    steps = a["steps"] or [1] * len(a["starts"])
-    for s, e, ax, st in zip(a["starts"], a["ends"], axes, steps):
+    axes = a["axes"] if a["axes"] is not None else range(len(starts))
+    steps = a["steps"] or [1] * len(starts)
+    for s, e, ax, st in zip(starts, ends, axes, steps):
         if x.shape[ax] == 0:
             continue
         start, stop = slice_bounds(x.shape[ax], s, e, st)
@@ -84,9 +86,9 @@ def _flatten(xp, a, x):
 
 
 @kernel("Pad")
-def _pad(xp, a, x):
+def _pad(xp, a, x, pads=None):
     r = x.ndim
-    pads = a["pads"]
+    pads = a["pads"] if pads is None else host_ints(xp, pads)
     # negative pads crop first
     crop = tuple(slice(max(-pads[i], 0), x.shape[i] - max(-pads[i + r], 0)) for i in range(r))
     x = x[crop]
