@@ -437,3 +437,54 @@ def test_sweep_covers_every_accepted_op():
     swept = {n.op_type for _, nodes, _ in SWEEP.values() for n in nodes}
     missing = sorted(set(LOWER) - swept - {"Constant", "Softmin"})  # Softmin: no ONNX op of that name (alias)
     assert not missing, f"ops the importer accepts but the opset sweep never builds: {missing}"
+
+
+# ------------------------------------------------------------------------------------------- verify
+
+
+@pytest.fixture
+def conv_rlx(tmp_path):
+    w = R.standard_normal((8, 3, 3, 3)).astype(np.float32)
+    node = helper.make_node("Conv", ["x", "w"], ["y"], auto_pad="SAME_UPPER", strides=[2, 2])
+    src = _save(tmp_path, _model([node], [_vi("x", ["b", 3, "h", "w"])], [_vi("y", None)],
+                                 [numpy_helper.from_array(w, "w")]))
+    out = tmp_path / "m.rlx"
+    r = CliRunner().invoke(main, ["bake", str(src), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    return src, out
+
+
+def test_verify_against_with_shape_and_input(conv_rlx, tmp_path):
+    src, out = conv_rlx
+    r = CliRunner().invoke(main, ["verify", str(out), "--against", str(src), "--shape", "x=1x3x48x192"])
+    assert r.exit_code == 0, r.output
+    assert "output y: max abs diff 0, cosine 1.00000000, shape [1, 8, 24, 96]" in r.output
+    x = R.standard_normal((2, 3, 5, 7)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    r = CliRunner().invoke(main, ["verify", str(out), "--against", str(src), "--input", f"x={tmp_path / 'x.npy'}"])
+    assert r.exit_code == 0, r.output
+    assert "shape [2, 8, 3, 4]" in r.output
+    r = CliRunner().invoke(main, ["verify", str(out), "--against", str(src)])  # default: symbolic dims are 2
+    assert r.exit_code == 0 and "shape [2, 8, 1, 1]" in r.output, r.output
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--shape", "z=1x3x4x4"], "--shape z: the source graph has no input of that name; its inputs are x"),
+    (["--shape", "x=1x3x4"], "--shape x: [1, 3, 4] does not fit the input's declared shape ['b', 3, 'h', 'w']"),
+    (["--shape", "x=1x4x4x4"], "does not fit the input's declared shape"),
+    (["--shape", "x=1x3xfourx4"], "expected NAME=DIMxDIMx... with non-negative integers"),
+    (["--shape", "1x3x4x4"], "expected NAME=DIMxDIMx..."),
+    (["--input", "q=nowhere.npy"], "--input q: the source graph has no input of that name"),
+    (["--input", "x=nowhere.npy"], "--input x: nowhere.npy: no such file"),
+])
+def test_verify_shape_and_input_errors(conv_rlx, args, expected):
+    src, out = conv_rlx
+    r = CliRunner().invoke(main, ["verify", str(out), "--against", str(src), *args])
+    assert r.exit_code != 0 and expected in r.output, r.output
+    assert "Traceback" not in r.output
+
+
+def test_verify_shape_needs_against(conv_rlx):
+    _, out = conv_rlx
+    r = CliRunner().invoke(main, ["verify", str(out), "--shape", "x=1x3x4x4"])
+    assert r.exit_code != 0 and "give --against SRC" in r.output, r.output

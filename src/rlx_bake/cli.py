@@ -405,11 +405,15 @@ def verify(state, path, against, weights, seed, inputs, shapes, password_env, pa
         feeds = _random_feeds(graph, seed, sizes, given)
         a, b = ref.run(feeds), baked.run(feeds)
         for name in graph.outputs:
+            if np.shape(a[name]) != np.shape(b[name]):
+                raise RlxError(f"output {printable(name)}: the baked file gives shape {list(np.shape(b[name]))}, "
+                               f"the source {list(np.shape(a[name]))}; the file does not match its source")
             x, y = np.asarray(a[name], np.float64).ravel(), np.asarray(b[name], np.float64).ravel()
             diff = float(np.max(np.abs(x - y))) if x.size else 0.0
             den = np.linalg.norm(x) * np.linalg.norm(y)
             cos = float(x @ y / den) if den else 1.0
-            click.echo(f"output {printable(name)}: max abs diff {diff:.3g}, cosine {cos:.8f}")
+            click.echo(f"output {printable(name)}: max abs diff {diff:.3g}, cosine {cos:.8f}, "
+                       f"shape {list(np.shape(a[name]))}")
 
 
 @main.command()
