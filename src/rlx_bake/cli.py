@@ -412,8 +412,8 @@ def verify(state, path, against, weights, seed, inputs, shapes, password_env, pa
             diff = float(np.max(np.abs(x - y))) if x.size else 0.0
             den = np.linalg.norm(x) * np.linalg.norm(y)
             cos = float(x @ y / den) if den else 1.0
-            click.echo(f"output {printable(name)}: max abs diff {diff:.3g}, cosine {cos:.8f}, "
-                       f"shape {list(np.shape(a[name]))}")
+            click.echo(f"output {printable(name)}: max abs diff {diff:.3g}, cosine {cos:.8f} "
+                       f"(shape {list(np.shape(a[name]))})")
 
 
 @main.command()
