@@ -488,3 +488,79 @@ def test_verify_shape_needs_against(conv_rlx):
     _, out = conv_rlx
     r = CliRunner().invoke(main, ["verify", str(out), "--shape", "x=1x3x4x4"])
     assert r.exit_code != 0 and "give --against SRC" in r.output, r.output
+
+
+# ------------------------------------------------------------------------------------------- the corpus
+
+import export_corpus as corpus  # noqa: E402 - the corpus half of this file
+
+
+@pytest.fixture(scope="session")
+def export_cache():
+    """The per-machine export cache (outside the repo): models are exported once, then read."""
+    pytest.importorskip("torch")
+    return corpus.cache_dir()
+
+
+def _feeds(spec, shapes: dict, seed: int) -> dict:
+    r = np.random.default_rng(seed)
+    return {name: (r.integers(0, spec.ints[name], shape).astype(np.int64) if name in spec.ints
+                   else r.standard_normal(shape).astype(np.float32)) for name, shape in shapes.items()}
+
+
+def _packs_q8(path) -> bool:
+    """Whether the size profile has something to pack: a MatMul weight whose K is a multiple of 32."""
+    graph, weights = import_onnx(path)
+    return any(n.op == "MatMul" and n.inputs[1] in weights and len(weights[n.inputs[1]].shape) == 2
+               and weights[n.inputs[1]].shape[0] % 32 == 0 for n in graph.nodes)
+
+
+def _corpus_params():
+    for name, spec in corpus.MODELS.items():
+        for dynamo in (False, True):
+            slow = spec.slow or (dynamo and name != "bert")
+            yield pytest.param(name, dynamo, marks=[pytest.mark.slow] if slow else [],
+                               id=f"{name}-{'dynamo' if dynamo else 'torchscript'}")
+
+
+@pytest.mark.parametrize("name,dynamo", list(_corpus_params()))
+def test_exported_model(export_cache, name, dynamo):
+    if name in corpus.NEEDS_TRANSFORMERS:
+        pytest.importorskip("transformers")
+    if dynamo:
+        pytest.importorskip("onnxscript", reason="torch's dynamo exporter needs onnxscript, which is not installed")
+    spec = corpus.MODELS[name]
+    path = corpus.export(name, dynamo, export_cache)
+    feeds = [_feeds(spec, shapes, seed) for seed, shapes in enumerate(spec.shapes)]
+    _check(path, feeds, ("exact", "size") if _packs_q8(path) else ("exact",))
+
+
+_LIGHT_SLOW = {"light_bvlc_alexnet", "light_vgg19", "light_zfnet512"}  # hundreds of MB of random weights
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.slow] if n in _LIGHT_SLOW else [])
+                                  for n in corpus.LIGHT])
+def test_light_model(export_cache, name):
+    path = corpus.light(name, export_cache)
+    graph, _ = import_onnx(path)
+    x = {v.name: R.standard_normal([d if isinstance(d, int) else 1 for d in v.shape]).astype(np.float32)
+         for v in graph.inputs}
+    _check(path, [x])
+
+
+def test_light_corpus_is_complete():
+    assert len(corpus.LIGHT) == 9
+
+
+def test_exported_bert_with_hoisting_and_shape_caching(export_cache):
+    """The run-time Slice/Pad forms under cache_param_invariant + cache_shape_invariant, shapes revisited."""
+    pytest.importorskip("transformers")
+    from rlx_runtime import CompileOptions
+    path = corpus.export("bert", False, export_cache)
+    graph, weights = import_onnx(path)
+    rf, _ = bake(graph, weights, BakeOptions.from_profile("exact"))
+    compiled = Session().compile_with(rf, CompileOptions(cache_param_invariant=True, cache_shape_invariant=True))
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for seed, shape in enumerate([(1, 5), (3, 11), (1, 5)]):
+        x = np.random.default_rng(seed).integers(0, 100, shape).astype(np.int64)
+        _close(compiled.run({"x": x})["y"], sess.run(None, {"x": x})[0], f"bert {shape}")
