@@ -162,14 +162,16 @@ def test_constant_node_operands_fold_at_import(tmp_path):
 
 
 def test_slice_and_pad_operands_from_shape_arithmetic(tmp_path):
-    """BERT's position slice table[:seq] and a pad-to-a-multiple-of-4, both computed from Shape at run time."""
+    """A position slice table[1:seq + 1] (BERT's is [:seq]) and a pad-to-a-multiple-of-4, computed from Shape."""
     table = R.standard_normal((64, 6)).astype(np.float32)
     i64 = lambda name, v: _const(name, np.array(v, np.int64))  # noqa: E731
     nodes = [
         helper.make_node("Shape", ["x"], ["sx"]),
         i64("one", [1]), i64("zero", [0]), i64("four", 4), i64("z3", [0, 0, 0]), i64("z2", [0, 0]),
         helper.make_node("Gather", ["sx", "one"], ["seq"], axis=0),  # [seq]
-        helper.make_node("Slice", ["table", "zero", "seq", "zero"], ["pos"]),  # table[:seq]
+        helper.make_node("Div", ["seq", "seq"], ["start"]),  # 1, known only at run time
+        helper.make_node("Add", ["seq", "start"], ["stop"]),
+        helper.make_node("Slice", ["table", "start", "stop", "zero"], ["pos"]),  # table[1:seq + 1]
         helper.make_node("Add", ["x", "pos"], ["h"]),
         helper.make_node("Shape", ["h"], ["sh"], start=1, end=2),
         helper.make_node("Sub", ["four", "sh"], ["neg"]),
