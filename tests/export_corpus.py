@@ -59,6 +59,26 @@ def _cnn():
     return m.eval(), (torch.randn(1, 3, 32, 32),), ["x"], {"x": {0: "batch", 2: "h", 3: "w"}}
 
 
+def _unet():
+    """Down, up to the skip connection's size (F.interpolate(size=...): Resize sizes from Shape), concat."""
+    torch = _torch()
+    nn = torch.nn
+
+    class UNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.enc, self.down = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 16, 3, stride=2, padding=1)
+            self.up, self.head = nn.Conv2d(16, 8, 1), nn.Conv2d(16, 4, 3, padding=1)
+
+        def forward(self, x):
+            skip = torch.relu(self.enc(x))
+            deep = torch.relu(self.down(skip))
+            up = nn.functional.interpolate(self.up(deep), size=skip.shape[2:], mode="bilinear", align_corners=False)
+            return self.head(torch.cat([up, skip], 1))
+
+    return UNet().eval(), (torch.randn(1, 3, 32, 32),), ["x"], {"x": {0: "batch", 2: "h", 3: "w"}}
+
+
 def _hf(kind: str):
     torch = _torch()
     import transformers as T
@@ -107,6 +127,7 @@ _IDS = ({"x": (1, 5)}, {"x": (3, 11)})
 _IMG = ({"x": (1, 3, 32, 32)}, {"x": (2, 3, 48, 40)})
 MODELS: dict[str, Spec] = {
     "cnn": Spec(_cnn, _IMG),
+    "unet": Spec(_unet, ({"x": (1, 3, 32, 32)}, {"x": (2, 3, 21, 17)})),
     "bert": Spec(lambda: _hf("bert"), _IDS, ints={"x": 100}),
     "gpt2": Spec(lambda: _hf("gpt2"), _IDS, ints={"x": 100}),
     "cnn-opset11": Spec(_cnn, _IMG, opset=11, slow=True),
@@ -118,7 +139,7 @@ MODELS: dict[str, Spec] = {
     "qwen2": Spec(lambda: _hf("qwen2"), _IDS, slow=True, ints={"x": 100}),
     "vit": Spec(lambda: _hf("vit"), ({"x": (1, 3, 32, 32)}, {"x": (3, 3, 32, 32)}), slow=True),
 }
-NEEDS_TRANSFORMERS = {name for name in MODELS if not name.startswith("cnn")}
+NEEDS_TRANSFORMERS = {name for name in MODELS if not name.startswith(("cnn", "unet"))}
 
 
 def cache_dir() -> Path:

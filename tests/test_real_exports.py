@@ -186,6 +186,32 @@ def test_slice_and_pad_operands_from_shape_arithmetic(tmp_path):
     assert run_time == [("Pad", 2), ("Slice", 3)]  # the input forms, not attrs
 
 
+@pytest.mark.parametrize("mode", ["nearest", "linear"])
+def test_resize_to_sizes_computed_from_shape(tmp_path, mode):
+    """UNet/FPN: upsample x to the spatial size of a skip connection, sizes from Shape at run time."""
+    nodes = [helper.make_node("Shape", ["x"], ["sx"], end=2), helper.make_node("Shape", ["skip"], ["ss"], start=2),
+             helper.make_node("Concat", ["sx", "ss"], ["sizes"], axis=0),
+             helper.make_node("Resize", ["x", "", "", "sizes"], ["up"], mode=mode),
+             helper.make_node("Add", ["up", "skip"], ["y"])]
+    m = _model(nodes, [_vi("x", ["b", 3, "h", "w"]), _vi("skip", ["b", 3, "H", "W"])], [_vi("y", None)], opset=18)
+    graph = _check(_save(tmp_path, m), [
+        {"x": R.standard_normal((1, 3, 4, 5)).astype(np.float32), "skip": R.standard_normal((1, 3, 8, 10)).astype(
+            np.float32)},
+        {"x": R.standard_normal((2, 3, 3, 7)).astype(np.float32), "skip": R.standard_normal((2, 3, 7, 13)).astype(
+            np.float32)}])
+    assert [len(n.inputs) for n in graph.nodes if n.op == "Resize"] == [2]
+
+
+def test_run_time_resize_sizes_are_checked(tmp_path):
+    nodes = [helper.make_node("Shape", ["x"], ["sx"]), helper.make_node("Sub", ["sx", "sx"], ["zeros"]),
+             helper.make_node("Resize", ["x", "", "", "zeros"], ["y"], name="up")]
+    m = _model(nodes, [_vi("x", ["b", 3])], [_vi("y", None)], opset=18)
+    graph, weights = import_onnx(_save(tmp_path, m))
+    compiled = Session().compile(bake(graph, weights, BakeOptions.from_profile("exact"))[0])
+    with pytest.raises(RlxError, match=r"'y' \(Resize\).*sizes \[0, 0\] computed at run time .* each >= 1"):
+        compiled.run({"x": np.ones((2, 3), np.float32)})
+
+
 def test_run_time_pad_of_the_wrong_length_names_the_node(tmp_path):
     nodes = [helper.make_node("Shape", ["x"], ["s"]),
              helper.make_node("Concat", ["s", "s", "s"], ["pads"], axis=0),

@@ -210,12 +210,20 @@ def _resize(ctx, n, a):
             return None
         v = ctx.value(n.input[pos])
         if v is None:
-            raise Unsupported("Resize with run-time scales/sizes")
+            if pos != sizes_in:
+                raise Unsupported("Resize with run-time scales")
+            return n.input[pos]  # run-time sizes: the input form
         return v.reshape(-1) if v.size else None
 
     scales, sizes = given(scales_in), given(sizes_in)
     r = ctx.rank(n.input[0])
     axes = a.get("axes")
+    if isinstance(sizes, str):
+        if axes is not None and (r is None or [ax % r for ax in axes] != list(range(r))):
+            raise Unsupported("Resize with run-time sizes on a subset (or a reordering) of the axes")
+        ctx.emit("Resize", [n.input[0], sizes], {"mode": mode, "coordinate_transformation_mode": ctm,
+                                                 "nearest_mode": nearest_mode}, n.output[0])
+        return
     if axes is not None:  # opset 18: values for a subset of axes
         if r is None:
             raise Unsupported("Resize axes on an input of unknown rank")

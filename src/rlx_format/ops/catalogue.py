@@ -113,7 +113,7 @@ _reg("TopK", 1, _topk, {"k": Attr("int", lo=0), "axis": Attr("int", -1), "larges
                         "output": Attr("str", "values", ("values", "indices"))})
 _reg("Trilu", 1, _trilu, {"upper": Attr("int", 1, (0, 1)), "k": Attr("int", 0)})
 _reg("GatherElements", 2, _gather_elements, {"axis": Attr("int", 0)})
-_reg("Resize", 1, _resize, {
+_reg("Resize", (1, 2), _resize, {
     "scales": Attr("floats", None), "sizes": Attr("ints", None, lo=1),
     "mode": Attr("str", "nearest", ("nearest", "linear")),
     "coordinate_transformation_mode": Attr("str", "half_pixel",

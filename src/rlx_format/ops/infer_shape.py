@@ -428,6 +428,16 @@ def _resize(ctx: InferCtx) -> TensorType:
     x = ctx.inputs[0]
     _require_float(ctx)
     scales, sizes = ctx.attrs["scales"], ctx.attrs["sizes"]
+    if len(ctx.inputs) > 1:  # sizes as input 1 (computed at run time)
+        if scales is not None:
+            raise ctx.fail("both attr 'scales' and a sizes input given; expected one")
+        sizes = _shape_arg(ctx, "sizes", 1)
+        if isinstance(sizes, int):
+            if sizes != x.rank:
+                raise ctx.fail(f"sizes input has {sizes} entries; expected rank {x.rank}")
+            return TensorType(x.dtype, tuple(ctx.fresh() for _ in x.shape))
+        if any(d < 1 for d in sizes):
+            raise ctx.fail(f"sizes {sizes} must be >= 1")
     if (scales is None) == (sizes is None):
         raise ctx.fail("give exactly one of scales and sizes")
     n = len(scales if scales is not None else sizes)

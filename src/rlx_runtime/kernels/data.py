@@ -156,9 +156,15 @@ def _nearest(xp, a, c):
 
 
 @kernel("Resize")
-def _resize(xp, a, x):
+def _resize(xp, a, x, sizes_in=None):
     """Separable resize, one axis at a time: nearest is a gather, linear a weighted pair of gathers."""
-    sizes = a["sizes"] or [int(math.floor(d * s)) for d, s in zip(x.shape, a["scales"])]
+    if sizes_in is not None:  # ValueError: the plan names the node
+        sizes = host_ints(xp, sizes_in)
+        if len(sizes) != x.ndim or any(d < 1 for d in sizes):
+            raise ValueError(f"sizes {sizes} computed at run time for input shape {list(x.shape)}; "
+                           f"expected {x.ndim} entries, each >= 1")
+    else:
+        sizes = a["sizes"] or [int(math.floor(d * s)) for d, s in zip(x.shape, a["scales"])]
     scales = a["scales"] or [np.float32(o) / np.float32(d) for o, d in zip(sizes, x.shape)]
     if list(x.shape) == list(sizes):  # same output shape: a copy, whatever the scales (as onnxruntime does)
         return x.copy()
