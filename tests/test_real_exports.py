@@ -286,6 +286,16 @@ def test_named_dims_shared_between_inputs_stay_bound(tmp_path):
 # ------------------------------------------------------------------------------------------- errors
 
 
+@pytest.mark.parametrize("opset,attrs,expected", [(7, {"spatial": 0}, "spatial=0"),
+                                                  (14, {"training_mode": 1}, "training_mode=1")])
+def test_batchnorm_forms_rlx_cannot_express_are_refused(tmp_path, opset, attrs, expected):
+    ins = [numpy_helper.from_array(np.ones(3, np.float32), n) for n in ("s", "b", "m", "v")]
+    node = helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y"], name="bn", **attrs)
+    m = _model([node], [_vi("x", [2, 3, 4])], [_vi("y", None)], ins, opset)
+    with pytest.raises(RlxError, match=rf"BatchNormalization \(.*{expected}\): 1 node\(s\), e.g. bn"):
+        import_onnx(_save(tmp_path, m))
+
+
 def test_unsupported_ops_inside_subgraphs_are_listed(tmp_path):
     then_g = helper.make_graph([helper.make_node("LSTM", ["x", "w", "r"], ["t"], hidden_size=2, name="lstm_in_then")],
                                "then", [], [_vi("t", None)])

@@ -192,8 +192,10 @@ LOWER["GlobalMaxPool"] = _global_max_pool
 
 
 def _batchnorm(ctx, n, a):
-    if any(o for o in n.output[1:]):
-        raise Unsupported("BatchNormalization training outputs")
+    if any(o for o in n.output[1:]) or a.get("training_mode", 0):
+        raise Unsupported("BatchNormalization training outputs / training_mode=1")
+    if a.get("spatial", 1) == 0:  # opsets 7-8: statistics per (channel, position), not per channel
+        raise Unsupported("BatchNormalization spatial=0")
     ctx.emit("BatchNormalization", list(n.input[:5]), {"epsilon": a.get("epsilon", 1e-5)}, n.output[0])
 
 
