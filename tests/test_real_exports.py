@@ -250,6 +250,15 @@ def test_auto_pad_average_pool_without_count_include_pad_is_refused(tmp_path):
         import_onnx(_save(tmp_path, m))
 
 
+def test_auto_pad_same_conv_transpose_is_refused(tmp_path):
+    """onnxruntime and the ONNX spec disagree on where SAME_* puts ConvTranspose's extra padding: refused."""
+    w = numpy_helper.from_array(R.standard_normal((3, 2, 3, 3)).astype(np.float32), "w")
+    node = helper.make_node("ConvTranspose", ["x", "w"], ["y"], auto_pad="SAME_UPPER", strides=[2, 2], name="up")
+    m = _model([node], [_vi("x", [1, 3, 5, 6])], [_vi("y", None)], [w], opset=17)
+    with pytest.raises(RlxError, match=r"ConvTranspose \(ConvTranspose auto_pad=SAME_UPPER\): 1 node\(s\), e.g. up"):
+        import_onnx(_save(tmp_path, m))
+
+
 # ------------------------------------------------------------------------------------------- input dims
 
 
