@@ -28,6 +28,7 @@ class Spec:
     opset: int = 17
     slow: bool = False
     ints: dict = field(default_factory=dict)  # integer inputs: name -> exclusive upper bound of the values
+    masks: tuple = ()  # attention-mask inputs: ones, then a padded (zero) tail on every row but the first
 
 
 def _torch():
@@ -123,12 +124,36 @@ def _hf(kind: str):
     return Wrap(), (torch.randint(0, 100, (2, 8)),), ["x"], {"x": {0: "batch", 1: "seq"}}
 
 
+def _sentence_bert():
+    """A sentence-transformers encoder: BERT with attention mask and token types, mean pooling, L2 norm."""
+    torch = _torch()
+    import transformers as T
+    bert = T.BertModel(T.BertConfig(vocab_size=100, max_position_embeddings=64, hidden_size=32, num_hidden_layers=2,
+                                    num_attention_heads=4, intermediate_size=64)).eval()
+
+    class Encoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, ids, mask, types):
+            h = self.bert(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state
+            m = mask.unsqueeze(-1).to(h.dtype)
+            return torch.nn.functional.normalize((h * m).sum(1) / m.sum(1).clamp(min=1e-9), dim=-1)
+
+    axes = {0: "batch", 1: "seq"}
+    args = (torch.randint(0, 100, (2, 8)), torch.ones(2, 8, dtype=torch.long), torch.zeros(2, 8, dtype=torch.long))
+    return Encoder(), args, ["ids", "mask", "types"], {"ids": axes, "mask": axes, "types": axes}
+
+
 _IDS = ({"x": (1, 5)}, {"x": (3, 11)})
 _IMG = ({"x": (1, 3, 32, 32)}, {"x": (2, 3, 48, 40)})
 MODELS: dict[str, Spec] = {
     "cnn": Spec(_cnn, _IMG),
     "unet": Spec(_unet, ({"x": (1, 3, 32, 32)}, {"x": (2, 3, 21, 17)})),
     "bert": Spec(lambda: _hf("bert"), _IDS, ints={"x": 100}),
+    "sentence-bert": Spec(_sentence_bert, tuple({n: shape for n in ("ids", "mask", "types")} for shape in
+                                                ((1, 5), (3, 11))), ints={"ids": 100, "types": 2}, masks=("mask",)),
     "gpt2": Spec(lambda: _hf("gpt2"), _IDS, ints={"x": 100}),
     "cnn-opset11": Spec(_cnn, _IMG, opset=11, slow=True),
     "bert-opset14": Spec(lambda: _hf("bert"), _IDS, opset=14, slow=True, ints={"x": 100}),
@@ -140,6 +165,7 @@ MODELS: dict[str, Spec] = {
     "vit": Spec(lambda: _hf("vit"), ({"x": (1, 3, 32, 32)}, {"x": (3, 3, 32, 32)}), slow=True),
 }
 NEEDS_TRANSFORMERS = {name for name in MODELS if not name.startswith(("cnn", "unet"))}
+FAST_DYNAMO = {"bert", "sentence-bert"}  # the dynamo exports in the fast tier (when onnxscript is installed)
 
 
 def cache_dir() -> Path:
@@ -185,7 +211,8 @@ def export(name: str, dynamo: bool, root: Path) -> Path:
             warnings.simplefilter("ignore")
             if dynamo:
                 from torch.export import Dim
-                shapes = {"x": {i: Dim(f"d{i}", min=2, max=64) for i in axes["x"]}}
+                dims = {d: Dim(d, min=2, max=64) for per in axes.values() for d in per.values()}
+                shapes = {n: {i: dims[d] for i, d in per.items()} for n, per in axes.items()}
                 prog = torch.onnx.export(module, args, dynamo=True, opset_version=spec.opset, input_names=names,
                                          output_names=["y"], dynamic_shapes=shapes)
                 prog.save(tmp)

@@ -551,8 +551,16 @@ def export_cache():
 
 def _feeds(spec, shapes: dict, seed: int) -> dict:
     r = np.random.default_rng(seed)
-    return {name: (r.integers(0, spec.ints[name], shape).astype(np.int64) if name in spec.ints
-                   else r.standard_normal(shape).astype(np.float32)) for name, shape in shapes.items()}
+    feeds = {}
+    for name, shape in shapes.items():
+        if name in spec.masks:  # every row but the first ends in padding
+            feeds[name] = (np.arange(shape[1]) < np.maximum(shape[1] - np.arange(shape[0]) * 2, 1)[:, None]).astype(
+                np.int64)
+        elif name in spec.ints:
+            feeds[name] = r.integers(0, spec.ints[name], shape).astype(np.int64)
+        else:
+            feeds[name] = r.standard_normal(shape).astype(np.float32)
+    return feeds
 
 
 def _packs_q8(path) -> bool:
@@ -565,7 +573,7 @@ def _packs_q8(path) -> bool:
 def _corpus_params():
     for name, spec in corpus.MODELS.items():
         for dynamo in (False, True):
-            slow = spec.slow or (dynamo and name != "bert")
+            slow = spec.slow or (dynamo and name not in corpus.FAST_DYNAMO)
             yield pytest.param(name, dynamo, marks=[pytest.mark.slow] if slow else [],
                                id=f"{name}-{'dynamo' if dynamo else 'torchscript'}")
 
