@@ -243,6 +243,18 @@ def test_auto_pad_same_on_symbolic_dims(tmp_path, op, mode, stride):
                                 {"x": R.standard_normal((2, 3, 12, 5)).astype(np.float32)}])
 
 
+@pytest.mark.parametrize("mode", ["SAME_UPPER", "SAME_LOWER"])
+def test_auto_pad_same_conv1d_and_3d_on_symbolic_dims(tmp_path, mode):
+    w1 = numpy_helper.from_array(R.standard_normal((4, 2, 4)).astype(np.float32), "w1")
+    w3 = numpy_helper.from_array(R.standard_normal((3, 2, 2, 3, 2)).astype(np.float32), "w3")
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["y"], auto_pad=mode, strides=[3]),
+             helper.make_node("Conv", ["v", "w3"], ["z"], auto_pad=mode, strides=[2, 1, 3])]
+    m = _model(nodes, [_vi("x", ["b", 2, "t"]), _vi("v", ["b", 2, "d", "h", "w"])], [_vi("y", None), _vi("z", None)],
+               [w1, w3], opset=17)
+    _check(_save(tmp_path, m), [{"x": _f32(1, 2, 10), "v": _f32(1, 2, 5, 4, 7)},
+                                {"x": _f32(2, 2, 17), "v": _f32(2, 2, 6, 3, 8)}])
+
+
 def test_auto_pad_average_pool_without_count_include_pad_is_refused(tmp_path):
     node = helper.make_node("AveragePool", ["x"], ["y"], auto_pad="SAME_UPPER", kernel_shape=[3, 3], strides=[2, 2])
     m = _model([node], [_vi("x", ["b", 3, "h", "w"])], [_vi("y", None)], opset=17)
