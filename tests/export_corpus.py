@@ -80,6 +80,25 @@ def _unet():
     return UNet().eval(), (torch.randn(1, 3, 32, 32),), ["x"], {"x": {0: "batch", 2: "h", 3: "w"}}
 
 
+def _rnn():
+    """Batch-first 2-layer bidirectional LSTM, then a GRU seeded with the LSTM's last state, then a Linear."""
+    torch = _torch()
+    nn = torch.nn
+
+    class RNN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = nn.LSTM(8, 6, num_layers=2, bidirectional=True, batch_first=True)
+            self.gru, self.fc = nn.GRU(12, 6, batch_first=True), nn.Linear(6, 4)
+
+        def forward(self, x):
+            y, (h, _) = self.lstm(x)
+            z, _ = self.gru(y, h[-1:].contiguous())
+            return self.fc(z)
+
+    return RNN().eval(), (torch.randn(2, 5, 8),), ["x"], {"x": {0: "batch", 1: "seq"}}
+
+
 def _hf(kind: str):
     torch = _torch()
     import transformers as T
@@ -151,6 +170,7 @@ _IMG = ({"x": (1, 3, 32, 32)}, {"x": (2, 3, 48, 40)})
 MODELS: dict[str, Spec] = {
     "cnn": Spec(_cnn, _IMG),
     "unet": Spec(_unet, ({"x": (1, 3, 32, 32)}, {"x": (2, 3, 21, 17)})),
+    "rnn": Spec(_rnn, ({"x": (1, 5, 8)}, {"x": (3, 9, 8)})),
     "bert": Spec(lambda: _hf("bert"), _IDS, ints={"x": 100}),
     "sentence-bert": Spec(_sentence_bert, tuple({n: shape for n in ("ids", "mask", "types")} for shape in
                                                 ((1, 5), (3, 11))), ints={"ids": 100, "types": 2}, masks=("mask",)),
@@ -164,7 +184,7 @@ MODELS: dict[str, Spec] = {
     "qwen2": Spec(lambda: _hf("qwen2"), _IDS, slow=True, ints={"x": 100}),
     "vit": Spec(lambda: _hf("vit"), ({"x": (1, 3, 32, 32)}, {"x": (3, 3, 32, 32)}), slow=True),
 }
-NEEDS_TRANSFORMERS = {name for name in MODELS if not name.startswith(("cnn", "unet"))}
+NEEDS_TRANSFORMERS = {name for name in MODELS if not name.startswith(("cnn", "unet", "rnn"))}
 FAST_DYNAMO = {"bert", "sentence-bert"}  # the dynamo exports in the fast tier (when onnxscript is installed)
 
 

@@ -460,6 +460,14 @@ SWEEP = {
     "QDQ": (10, [_N("QuantizeLinear", ["x", "qs", "qz"], ["q"]), _N("DequantizeLinear", ["q", "qs", "qz"], ["y"])],
             [_i("qs", np.array(0.02, np.float32)), _i("qz", np.array(128, np.uint8))]),
     "Attention": (23, [_N("Attention", ["x", "x", "x"], ["y"], is_causal=1)], []),
+    "LSTM": (7, [_N("Reshape", ["x", "s3"], ["x3"]), _N("LSTM", ["x3", "w", "r", "b"], ["y", "yh", "yc"],
+                                                         hidden_size=3, direction="bidirectional")],
+             [_i("s3", np.array([6, 4, 5], np.int64)), _i("w", _f32(2, 12, 5)), _i("r", _f32(2, 12, 3)),
+              _i("b", _f32(2, 24))]),
+    "GRU": (7, [_N("Reshape", ["x", "s3"], ["x3"]), _N("GRU", ["x3", "w", "r", "b"], ["y", "yh"], hidden_size=3,
+                                                        linear_before_reset=1)],
+            [_i("s3", np.array([6, 4, 5], np.int64)), _i("w", _f32(1, 9, 5)), _i("r", _f32(1, 9, 3)),
+             _i("b", _f32(1, 18))]),
 }
 
 
@@ -631,3 +639,82 @@ def test_exported_bert_with_hoisting_and_shape_caching(export_cache):
     for seed, shape in enumerate([(1, 5), (3, 11), (1, 5)]):
         x = np.random.default_rng(seed).integers(0, 100, shape).astype(np.int64)
         _close(compiled.run({"x": x})["y"], sess.run(None, {"x": x})[0], f"bert {shape}")
+
+
+# ------------------------------------------------------------------------------------------- LSTM / GRU
+
+
+def _rnn_model(op, direction, layout, extras, opset, **attrs):
+    dirs, h, i = (2 if direction == "bidirectional" else 1), 5, 3
+    g = 4 if op == "LSTM" else 3
+    inits = [numpy_helper.from_array(_f32(dirs, g * h, i) * 0.5, "w"),
+             numpy_helper.from_array(_f32(dirs, g * h, h) * 0.5, "r")]
+    ins = ["x", "w", "r", "", "", "", "", ""][: 8 if op == "LSTM" else 6]
+    feeds_extra = {}
+    if "b" in extras:
+        inits.append(numpy_helper.from_array(_f32(dirs, 2 * g * h), "b"))
+        ins[3] = "b"
+    inputs = [_vi("x", ["s", "n", i] if not layout else ["n", "s", i])]
+    state_shape = [dirs, "n", h] if not layout else ["n", dirs, h]
+    for pos, name in ((5, "h0"), (6, "c0")):
+        if name in extras and pos < len(ins):
+            ins[pos] = name
+            inputs.append(_vi(name, state_shape))
+            feeds_extra[name] = True
+    if "p" in extras and op == "LSTM":
+        inits.append(numpy_helper.from_array(_f32(dirs, 3 * h), "p"))
+        ins[7] = "p"
+    while ins and not ins[-1]:
+        ins.pop()
+    outs = ["y", "yh", "yc"][: 3 if op == "LSTM" else 2]
+    node = helper.make_node(op, ins, outs, hidden_size=h, direction=direction, **({"layout": 1} if layout else {}),
+                            **attrs)
+    m = _model([node], inputs, [_vi(o, None) for o in outs], inits, opset)
+    return m, feeds_extra, dirs, h
+
+
+_RNN_FORMS = [((), 0, 7, {}), (("b", "h0", "c0", "p"), 0, 7, {}), (("b",), 0, 14, {"clip": 0.7}),
+              (("b", "h0", "c0"), 1, 14, {})]
+
+
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("op,extras,layout,opset,attrs",
+                         [("LSTM", *f) for f in _RNN_FORMS] + [("GRU", *f) for f in _RNN_FORMS]
+                         + [("GRU", ("b", "h0"), 0, 7, {"linear_before_reset": 1})])
+def test_lstm_gru_vs_onnxruntime(tmp_path, op, direction, extras, layout, opset, attrs):
+    m, states, dirs, h = _rnn_model(op, direction, layout, extras, opset, **attrs)
+    path = _save(tmp_path, m)
+    feeds = []
+    for s, n in ((4, 2), (7, 1)):
+        f = {"x": _f32(s, n, 3) if not layout else _f32(n, s, 3)}
+        for name in states:
+            f[name] = _f32(dirs, n, h) if not layout else _f32(n, dirs, h)
+        feeds.append(f)
+    if not layout:
+        _check(path, feeds)
+        return
+    # onnxruntime has no batch-first (layout=1) kernels: onnx's reference evaluator is the oracle there
+    graph, weights = import_onnx(path)
+    compiled = Session().compile(bake(graph, weights, BakeOptions.from_profile("exact"))[0])
+    ref = ReferenceEvaluator(m)
+    for f in feeds:
+        ours = compiled.run(f)
+        for name, r in zip(graph.outputs, ref.run(None, f), strict=True):
+            _close(ours[name], r, f"{op} layout=1 {name}")
+
+
+def test_lstm_forms_rlx_cannot_express_are_refused(tmp_path):
+    m, _, _, _ = _rnn_model("LSTM", "forward", 0, ("b",), 7, activations=["Sigmoid", "Relu", "Tanh"])
+    with pytest.raises(RlxError, match=r"LSTM activations \['Sigmoid', 'Relu', 'Tanh'\] \(only the defaults\)"):
+        import_onnx(_save(tmp_path, m))
+    m, _, _, _ = _rnn_model("LSTM", "forward", 0, ("b",), 7, input_forget=1)
+    with pytest.raises(RlxError, match="LSTM input_forget=1"):
+        import_onnx(_save(tmp_path, m))
+
+
+def test_lstm_weights_that_do_not_fit_hidden_size_are_refused(tmp_path):
+    inits = [numpy_helper.from_array(_f32(1, 20, 3), "w"), numpy_helper.from_array(_f32(1, 20, 5), "r")]
+    node = helper.make_node("LSTM", ["x", "w", "r"], ["y"], hidden_size=4)
+    m = _model([node], [_vi("x", ["s", 2, 3])], [_vi("y", None)], inits, opset=7)
+    with pytest.raises(RlxError, match=r"m\.onnx: node 'y' \(LSTM\): w has shape \[1, 20, 3\]; expected \[1, 16, 3\]"):
+        import_onnx(_save(tmp_path, m))

@@ -288,3 +288,65 @@ def _attention(ctx, n, a):
 
 
 LOWER["Attention"] = _attention
+
+
+_RNN_ACTS = {"LSTM": ["sigmoid", "tanh", "tanh"], "GRU": ["sigmoid", "tanh"]}
+
+
+def _rnn(op):
+    """ONNX LSTM/GRU -> one catalogue node per output used (Y, Y_h, Y_c), inputs completed with zeros."""
+    gates = 4 if op == "LSTM" else 3
+
+    def lower(ctx, n, a):
+        dirs = 2 if a.get("direction", "forward") == "bidirectional" else 1
+        acts = [s.lower() for s in a.get("activations", [])]
+        if acts and acts != _RNN_ACTS[op] * dirs:
+            raise Unsupported(f"{op} activations {a['activations']} (only the defaults)")
+        if a.get("input_forget", 0):
+            raise Unsupported(f"{op} input_forget=1")
+        if len(n.input) > 4 and n.input[4]:
+            raise Unsupported(f"{op} sequence_lens")
+        x, w, r = n.input[:3]
+        rt = ctx.types.get(r)
+        if rt is None or rt[1] is None or not isinstance(rt[1][2], int):
+            raise Unsupported(f"{op} with a recurrence weight of unknown shape")
+        h = int(a.get("hidden_size", rt[1][2]))
+        dt = _np(ctx, x)
+        layout = a.get("layout", 0)
+        if layout:  # batch first: [batch, seq, in] and [batch, dirs, hidden]
+            x = ctx.emit("Transpose", [x], {"perm": [1, 0, 2]})
+        given = lambda i: n.input[i] if len(n.input) > i and n.input[i] else None  # noqa: E731
+        b = given(3) or ctx.const(np.zeros((dirs, 2 * gates * h), dt))
+        states = []
+        for i in ((5, 6) if op == "LSTM" else (5,)):
+            s = given(i)
+            if s is None:  # zeros [dirs, batch, hidden], the batch taken from x at run time
+                batch = ctx.emit("Slice", [ctx.emit("Shape", [x])], {"starts": [1], "ends": [2]})
+                shape = ctx.emit("Concat", [ctx.const(np.array([dirs], np.int64)), batch,
+                                            ctx.const(np.array([h], np.int64))], {"axis": 0})
+                s = ctx.emit("ConstantOfShape", [shape], {"value": 0.0, "dtype": ctx.dtype(n.input[0]) or "f32"})
+            elif layout:
+                s = ctx.emit("Transpose", [s], {"perm": [1, 0, 2]})
+            states.append(s)
+        ins = [x, w, r, b] + states
+        if op == "LSTM":
+            ins.append(given(7) or ctx.const(np.zeros((dirs, 3 * h), dt)))
+        attrs = {"hidden_size": h, "direction": a.get("direction", "forward")}
+        if a.get("clip") is not None:
+            attrs["clip"] = float(a["clip"])
+        if op == "GRU":
+            attrs["linear_before_reset"] = a.get("linear_before_reset", 0)
+        for out, kind in zip(n.output, ("Y", "Y_h", "Y_c")):
+            if not out:
+                continue
+            if not layout:
+                ctx.emit(op, ins, {**attrs, "output": kind}, out)
+                continue
+            y = ctx.emit(op, ins, {**attrs, "output": kind})
+            ctx.emit("Transpose", [y], {"perm": [2, 0, 1, 3] if kind == "Y" else [1, 0, 2]}, out)
+
+    return lower
+
+
+LOWER["LSTM"] = _rnn("LSTM")
+LOWER["GRU"] = _rnn("GRU")

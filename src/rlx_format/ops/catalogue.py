@@ -13,7 +13,7 @@ from .core import INT64_MAX, INT64_MIN, REQUIRED, Attr, OpSpec, _float_unary, _n
 from .infer_elementwise import _argreduce, _arith, _axis_same, _cast, _clip, _compare, _logic, _not, _reduce, _where
 from .infer_nn import (
     QUANT_BLOCKS, _batchnorm, _conv, _conv_transpose, _dequant_gather, _dequant_matmul, _dequantize,
-    _global_pool, _groupnorm, _matmul, _norm_last, _pool, _random, _sdpa,
+    _global_pool, _groupnorm, _matmul, _norm_last, _pool, _random, _rnn, _sdpa,
 )
 from .infer_shape import (
     _concat, _constant_of_shape, _depth_to_space, _einsum, _expand, _flatten, _gather, _gather_elements, _pad,
@@ -99,6 +99,10 @@ _reg("LayerNorm", (2, 3), _norm_last, {"axis": Attr("int", -1), "epsilon": Attr(
 _reg("RMSNorm", 2, _norm_last, {"axis": Attr("int", -1), "epsilon": Attr("float", 1e-6, lo=0.0)})
 _reg("GroupNorm", 3, _groupnorm, {"num_groups": Attr("int", lo=1), "epsilon": Attr("float", 1e-5, lo=0.0)})
 _reg("ScaledDotProductAttention", (3, 4), _sdpa, {"causal": Attr("int", 0, (0, 1)), "scale": Attr("float", None)})
+_RNN = {"hidden_size": Attr("int", lo=1), "direction": Attr("str", "forward", ("forward", "reverse", "bidirectional")),
+        "clip": Attr("float", None, lo=0.0)}
+_reg("LSTM", 7, _rnn, {**_RNN, "output": Attr("str", "Y", ("Y", "Y_h", "Y_c"))})
+_reg("GRU", 5, _rnn, {**_RNN, "linear_before_reset": Attr("int", 0, (0, 1)), "output": Attr("str", "Y", ("Y", "Y_h"))})
 _ENC = tuple(QUANT_BLOCKS)
 _reg("Dequantize", 1, _dequantize, {"encoding": Attr("str", REQUIRED, _ENC), "shape": Attr("ints", lo=0)})
 _reg("DequantMatMul", 2, _dequant_matmul, {"encoding": Attr("str", REQUIRED, _ENC), "N": Attr("int", lo=0),

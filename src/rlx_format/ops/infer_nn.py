@@ -194,6 +194,31 @@ def _sdpa(ctx: InferCtx) -> TensorType:
     return TensorType(q.dtype, batch + (q.shape[-2], v.shape[-1]))
 
 
+def _rnn(ctx: InferCtx) -> TensorType:
+    """LSTM / GRU (ONNX layout 0): x [seq, batch, in], w [dirs, gates*hidden, in], r [dirs, gates*hidden,
+    hidden], b [dirs, 2*gates*hidden], h0 (and LSTM's c0) [dirs, batch, hidden], LSTM's p [dirs, 3*hidden]."""
+    gates = 4 if ctx.op == "LSTM" else 3
+    names = ["x", "w", "r", "b", "h0"] + (["c0", "p"] if gates == 4 else [])
+    _require_float(ctx)
+    dt = _same_dtypes(ctx, tuple(range(len(ctx.inputs))))
+    h, dirs = ctx.attrs["hidden_size"], 2 if ctx.attrs["direction"] == "bidirectional" else 1
+    x = ctx.inputs[0]
+    if x.rank != 3:
+        raise ctx.fail(f"x has shape {list(x.shape)}; expected [seq, batch, input]")
+    want = {"w": (dirs, gates * h, x.shape[2]), "r": (dirs, gates * h, h), "b": (dirs, 2 * gates * h),
+            "h0": (dirs, x.shape[1], h), "c0": (dirs, x.shape[1], h), "p": (dirs, 3 * h)}
+    for name, t in zip(names[1:], ctx.inputs[1:]):
+        if t.rank != len(want[name]) or not all(dims_equal_or_symbolic(a, b) for a, b in zip(t.shape, want[name])):
+            raise ctx.fail(f"{name} has shape {list(t.shape)}; expected {list(want[name])} "
+                           f"(hidden_size {h}, {dirs} direction(s))")
+    out = ctx.attrs["output"]
+    if out == "Y":
+        return TensorType(dt, (x.shape[0], dirs, x.shape[1], h))
+    if out == "Y_c" and gates == 3:
+        raise ctx.fail("output 'Y_c' is LSTM's; a GRU has Y and Y_h")
+    return TensorType(dt, (dirs, x.shape[1], h))
+
+
 QUANT_BLOCKS = {"gguf_q8_0": (32, 34), "gguf_tq2_0": (256, 66)}  # encoding -> (block elems, block bytes)
 
 
