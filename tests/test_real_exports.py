@@ -147,19 +147,18 @@ def test_constant_node_operands_fold_at_import(tmp_path):
         _const("p4", np.array([1, 2], np.int32)),
         helper.make_node("Cast", ["p4"], ["p4l"], to=TensorProto.INT64),
         _const("zero2", np.array([0, 0], np.int64)),
-        helper.make_node("Concat", ["zero2", "p4l"], ["pads"], axis=0),  # [0, 0, 1, 2] ... rank 2: b0 b1 e0 e1
+        helper.make_node("Concat", ["zero2", "p4l"], ["pads"], axis=0),  # [0, 0, 1, 2]: rank 2, b0 b1 e0 e1
         helper.make_node("Pad", ["x", "pads"], ["p"]),
         _const("one", np.array(1, np.int64)),
         helper.make_node("Mul", ["one", "one"], ["one2"]),
-        helper.make_node("Unsqueeze", ["one2", "zero1"], ["start"]),
         _const("zero1", np.array([0], np.int64)),
+        helper.make_node("Unsqueeze", ["one2", "zero1"], ["start"]),
         helper.make_node("Add", ["start", "start"], ["end"]),
-        helper.make_node("Slice", ["p", "start", "end", "one1"], ["s"]),
         _const("one1", np.array([1], np.int64)),
+        helper.make_node("Slice", ["p", "start", "end", "one1"], ["s"]),
         helper.make_node("ReduceSum", ["s", "one1"], ["y"]),
     ]
-    order = [nodes[i] for i in (0, 1, 2, 3, 4, 5, 6, 8, 7, 9, 11, 10, 12)]
-    m = _model(order, [_vi("x", [3, 4])], [_vi("y", None)], opset=13)
+    m = _model(nodes, [_vi("x", [3, 4])], [_vi("y", None)], opset=13)
     graph = _check(_save(tmp_path, m), [{"x": R.standard_normal((3, 4)).astype(np.float32)}])
     by_op = {n.op: n for n in graph.nodes}
     assert set(by_op) == {"Pad", "Slice", "ReduceSum"}, [n.op for n in graph.nodes]
