@@ -243,6 +243,19 @@ def export(name: str, dynamo: bool, root: Path) -> Path:
     return _atomic_save(path, write)
 
 
+def quantized(name: str, root: Path) -> Path:
+    """The TorchScript export of MODELS[name] through onnxruntime.quantization.quantize_dynamic (int8 weights:
+    DynamicQuantizeLinear + MatMulInteger, the common way production encoders are shrunk)."""
+    path = root / f"{name}-dynamic-int8.onnx"
+    if path.is_file():
+        return path
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    import logging
+    src = export(name, False, root)
+    logging.getLogger().setLevel(logging.ERROR)  # quantize_dynamic logs advice on the root logger
+    return _atomic_save(path, lambda tmp: quantize_dynamic(str(src), tmp, weight_type=QuantType.QInt8))
+
+
 def light(name: str, root: Path) -> Path:
     """onnx's light_* model with random weights: each ConstantOfShape-filled weight becomes a seeded
     random initializer of that shape (the shipped files fill every weight with one value)."""

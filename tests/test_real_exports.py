@@ -466,6 +466,11 @@ SWEEP = {
     "QDQ": (10, [_N("QuantizeLinear", ["x", "qs", "qz"], ["q"]), _N("DequantizeLinear", ["q", "qs", "qz"], ["y"])],
             [_i("qs", np.array(0.02, np.float32)), _i("qz", np.array(128, np.uint8))]),
     "Attention": (23, [_N("Attention", ["x", "x", "x"], ["y"], is_causal=1)], []),
+    "DynamicQuantize": (11, [_N("DynamicQuantizeLinear", ["x"], ["q", "qs", "qz"]),
+                             _N("MatMulInteger", ["q", "w8", "qz", "wz"], ["mi"]),
+                             _N("MatMulInteger", ["q", "w8"], ["mj"])],
+                        [_i("w8", R.integers(-128, 128, (5, 3)).astype(np.int8)),
+                         _i("wz", np.array([3, -2, 0], np.int8))]),
     "LSTM": (7, [_N("Reshape", ["x", "s3"], ["x3"]), _N("LSTM", ["x3", "w", "r", "b"], ["y", "yh", "yc"],
                                                          hidden_size=3, direction="bidirectional")],
              [_i("s3", np.array([6, 4, 5], np.int64)), _i("w", _f32(2, 12, 5)), _i("r", _f32(2, 12, 3)),
@@ -616,6 +621,14 @@ def test_exported_model(export_cache, name, dynamo):
     _check(path, feeds, ("exact", "size") if _packs_q8(path) else ("exact",))
 
 
+@pytest.mark.parametrize("name", ["bert", pytest.param("gpt2", marks=pytest.mark.slow)])
+def test_dynamically_quantized_export(export_cache, name):
+    pytest.importorskip("transformers")
+    spec = corpus.MODELS[name]
+    path = corpus.quantized(name, export_cache)
+    _check(path, [_feeds(spec, shapes, seed) for seed, shapes in enumerate(spec.shapes)])
+
+
 _LIGHT_SLOW = {"light_bvlc_alexnet", "light_vgg19", "light_zfnet512"}  # hundreds of MB of random weights
 
 
@@ -645,6 +658,28 @@ def test_exported_bert_with_hoisting_and_shape_caching(export_cache):
     for seed, shape in enumerate([(1, 5), (3, 11), (1, 5)]):
         x = np.random.default_rng(seed).integers(0, 100, shape).astype(np.int64)
         _close(compiled.run({"x": x})["y"], sess.run(None, {"x": x})[0], f"bert {shape}")
+
+
+# ------------------------------------------------------------------------------------------- dynamic quantization
+
+
+def test_dynamic_quantize_and_matmul_integer_match_onnxruntime_exactly(tmp_path):
+    """onnxruntime.quantization.quantize_dynamic's pattern: uint8 activations, int8 weights, int32 products."""
+    w = R.integers(-128, 128, (6, 4)).astype(np.int8)
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["q", "s", "z"]),
+             helper.make_node("MatMulInteger", ["q", "w", "z", "wz"], ["acc"]),
+             helper.make_node("Cast", ["acc"], ["accf"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["s", "ws"], ["sw"]),
+             helper.make_node("Mul", ["accf", "sw"], ["y"])]
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array([1, -3, 0, 7], np.int8), "wz"),
+             numpy_helper.from_array(np.float32(0.02), "ws")]
+    outs = [_vi("y", None), _vi("q", None, TensorProto.UINT8), _vi("s", None), _vi("z", None, TensorProto.UINT8),
+            _vi("acc", None, TensorProto.INT32)]
+    m = _model(nodes, [_vi("x", ["b", "t", 6])], outs, inits, opset=13)
+    # several ranges, so the zero point's rounding (not truncation) shows; one range starts at 0 (zero point 0)
+    feeds = [{"x": _f32(2, 3, 6) * 3}, {"x": np.abs(_f32(1, 7, 6))}] + [{"x": _f32(2, 2, 6) + k} for k in
+                                                                      (-1.3, 0.4, 0.9, 1.7)]
+    _check(_save(tmp_path, m), feeds)
 
 
 # ------------------------------------------------------------------------------------------- LSTM / GRU

@@ -350,3 +350,35 @@ def _rnn(op):
 
 LOWER["LSTM"] = _rnn("LSTM")
 LOWER["GRU"] = _rnn("GRU")
+
+
+def _dynamic_quantize_linear(ctx, n, a):
+    """uint8 quantization with the scale and zero point of x's own range (which always includes 0)."""
+    x = n.input[0]
+    zero, f255 = ctx.const(np.float32(0)), ctx.const(np.float32(255))
+    lo = ctx.emit("Min", [ctx.emit("ReduceMin", [x], {"keepdims": 0}), zero])
+    hi = ctx.emit("Max", [ctx.emit("ReduceMax", [x], {"keepdims": 0}), zero])
+    scale = ctx.emit("Div", [ctx.emit("Sub", [hi, lo]), f255], {}, n.output[1] if len(n.output) > 1 else None)
+    zp = ctx.emit("Clip", [ctx.emit("Round", [ctx.emit("Sub", [zero, ctx.emit("Div", [lo, scale])])])],
+                  {"min": 0.0, "max": 255.0})
+    if len(n.output) > 2 and n.output[2]:
+        ctx.emit("Cast", [zp], {"to": "u8"}, n.output[2])
+    q = ctx.emit("Add", [ctx.emit("Round", [ctx.emit("Div", [x, scale])]), zp])
+    ctx.emit("Cast", [ctx.emit("Clip", [q], {"min": 0.0, "max": 255.0})], {"to": "u8"}, n.output[0])
+
+
+def _matmul_integer(ctx, n, a):
+    """(A - a_zp) @ (B - b_zp) accumulated exactly in int32, as ONNX defines it."""
+    def centred(i):
+        v = ctx.emit("Cast", [n.input[i]], {"to": "i32"})
+        if len(n.input) > i + 2 and n.input[i + 2]:
+            zp = ctx.emit("Cast", [n.input[i + 2]], {"to": "i32"})
+            if i == 0 and ctx.rank(n.input[2]) == 1 and ctx.types[n.input[2]][1][0] != 1:
+                zp = ctx.emit("Unsqueeze", [zp], {"axes": [-1]})  # per-row zero points of A
+            v = ctx.emit("Sub", [v, zp])
+        return v
+    ctx.emit("MatMul", [centred(0), centred(1)], {}, n.output[0])
+
+
+LOWER["DynamicQuantizeLinear"] = _dynamic_quantize_linear
+LOWER["MatMulInteger"] = _matmul_integer
