@@ -243,17 +243,20 @@ def export(name: str, dynamo: bool, root: Path) -> Path:
     return _atomic_save(path, write)
 
 
-def quantized(name: str, root: Path) -> Path:
-    """The TorchScript export of MODELS[name] through onnxruntime.quantization.quantize_dynamic (int8 weights:
-    DynamicQuantizeLinear + MatMulInteger, the common way production encoders are shrunk)."""
-    path = root / f"{name}-dynamic-int8.onnx"
+def quantized(name: str, root: Path, weights: str = "QInt8") -> Path:
+    """The TorchScript export of MODELS[name] through onnxruntime.quantization.quantize_dynamic (8-bit
+    weights: DynamicQuantizeLinear + MatMulInteger / ConvInteger, a common way production models are shrunk;
+    onnxruntime's ConvInteger takes uint8 weights, so CNNs use QUInt8)."""
+    path = root / f"{name}-dynamic-{weights}.onnx"
     if path.is_file():
         return path
-    from onnxruntime.quantization import QuantType, quantize_dynamic
     import logging
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
     src = export(name, False, root)
     logging.getLogger().setLevel(logging.ERROR)  # quantize_dynamic logs advice on the root logger
-    return _atomic_save(path, lambda tmp: quantize_dynamic(str(src), tmp, weight_type=QuantType.QInt8))
+    return _atomic_save(path, lambda tmp: quantize_dynamic(str(src), tmp, weight_type=getattr(QuantType, weights),
+                                                           op_types_to_quantize=["Conv", "MatMul"]))
 
 
 def light(name: str, root: Path) -> Path:

@@ -471,6 +471,11 @@ SWEEP = {
                              _N("MatMulInteger", ["q", "w8"], ["mj"])],
                         [_i("w8", R.integers(-128, 128, (5, 3)).astype(np.int8)),
                          _i("wz", np.array([3, -2, 0], np.int8))]),
+    "ConvInteger": (10, [_N("Abs", ["x"], ["ax"]), _N("Mul", ["ax", "k"], ["sx"]),
+                         _N("Clip", ["sx"], ["cx"], min=0.0, max=255.0), _N("Cast", ["cx"], ["x8"], to=2),
+                         _N("ConvInteger", ["x8", "w8", "xz"], ["ci"], pads=[1, 0, 0, 1])],
+                    [_i("k", np.float32(40)), _i("w8", R.integers(0, 256, (2, 3, 2, 2)).astype(np.uint8)),
+                     _i("xz", np.uint8(7))]),
     "LSTM": (7, [_N("Reshape", ["x", "s3"], ["x3"]), _N("LSTM", ["x3", "w", "r", "b"], ["y", "yh", "yc"],
                                                          hidden_size=3, direction="bidirectional")],
              [_i("s3", np.array([6, 4, 5], np.int64)), _i("w", _f32(2, 12, 5)), _i("r", _f32(2, 12, 3)),
@@ -621,11 +626,13 @@ def test_exported_model(export_cache, name, dynamo):
     _check(path, feeds, ("exact", "size") if _packs_q8(path) else ("exact",))
 
 
-@pytest.mark.parametrize("name", ["bert", pytest.param("gpt2", marks=pytest.mark.slow)])
-def test_dynamically_quantized_export(export_cache, name):
-    pytest.importorskip("transformers")
+@pytest.mark.parametrize("name,weights", [("bert", "QInt8"), ("cnn", "QUInt8"), ("unet", "QUInt8"),
+                                          pytest.param("gpt2", "QInt8", marks=pytest.mark.slow)])
+def test_dynamically_quantized_export(export_cache, name, weights):
+    if name in corpus.NEEDS_TRANSFORMERS:
+        pytest.importorskip("transformers")
     spec = corpus.MODELS[name]
-    path = corpus.quantized(name, export_cache)
+    path = corpus.quantized(name, export_cache, weights)
     _check(path, [_feeds(spec, shapes, seed) for seed, shapes in enumerate(spec.shapes)])
 
 
@@ -680,6 +687,40 @@ def test_dynamic_quantize_and_matmul_integer_match_onnxruntime_exactly(tmp_path)
     feeds = [{"x": _f32(2, 3, 6) * 3}, {"x": np.abs(_f32(1, 7, 6))}] + [{"x": _f32(2, 2, 6) + k} for k in
                                                                       (-1.3, 0.4, 0.9, 1.7)]
     _check(_save(tmp_path, m), feeds)
+
+
+def _conv_integer_model(w, wz, attrs):
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.uint8(131), "xz"),
+             numpy_helper.from_array(wz, "wz")]
+    node = helper.make_node("ConvInteger", ["x", "w", "xz", "wz"], ["y"], **attrs)
+    return _model([node], [_vi("x", ["b", 4, "h", "w"], TensorProto.UINT8)], [_vi("y", None, TensorProto.INT32)],
+                  inits, opset=10)
+
+
+_CONV_INT_ATTRS = [{"pads": [1, 0, 1, 2], "strides": [2, 1]}, {"group": 2, "dilations": [1, 2]},
+                   {"auto_pad": "SAME_UPPER", "strides": [2, 2]}]
+
+
+@pytest.mark.parametrize("attrs", _CONV_INT_ATTRS)
+def test_conv_integer_matches_onnxruntime_exactly(tmp_path, attrs):
+    w = R.integers(0, 256, (4, 4 // attrs.get("group", 1), 3, 2)).astype(np.uint8)
+    _check(_save(tmp_path, _conv_integer_model(w, np.uint8(120), attrs)),
+           [{"x": R.integers(0, 256, s).astype(np.uint8)} for s in ((1, 4, 6, 7), (2, 4, 9, 4))])
+
+
+@pytest.mark.parametrize("attrs", _CONV_INT_ATTRS)
+def test_conv_integer_per_channel_zero_points(tmp_path, attrs):
+    """onnxruntime takes one weight zero point only: channel m is checked against its run with wz[m]."""
+    w = R.integers(0, 256, (4, 4 // attrs.get("group", 1), 3, 2)).astype(np.uint8)
+    wz = np.array([120, 128, 3, 250], np.uint8)
+    graph, weights = import_onnx(_save(tmp_path, _conv_integer_model(w, wz, attrs)))
+    ours = Session().compile(bake(graph, weights, BakeOptions.from_profile("exact"))[0])
+    x = R.integers(0, 256, (2, 4, 9, 5)).astype(np.uint8)
+    got = ours.run({"x": x})["y"]
+    for m, z in enumerate(wz):
+        ref = ort.InferenceSession(_conv_integer_model(w, z, attrs).SerializeToString(),
+                                   providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        np.testing.assert_array_equal(got[:, m], ref[:, m], err_msg=f"channel {m}")
 
 
 # ------------------------------------------------------------------------------------------- LSTM / GRU

@@ -80,16 +80,17 @@ def _gemm(ctx, n, a):
 LOWER["Gemm"] = _gemm
 
 
-def _auto_pad(ctx, n, a, kernel, fill: float = 0.0) -> tuple[list[int] | None, str]:
+def _auto_pad(ctx, n, a, kernel, fill: float = 0.0, x: str | None = None) -> tuple[list[int] | None, str]:
     """(pads, input): explicit pads, or SAME_* pads computed at import (static spatial dims or stride 1),
-    or, for symbolic dims with a stride, a run-time Pad of the input (then pads are zeros)."""
-    x = n.input[0]
+    or, for symbolic dims with a stride, a run-time Pad of the input (then pads are zeros). `x` is the
+    tensor to pad when it is not the node's input itself (a value computed from it, of its shape)."""
+    x = x or n.input[0]
     mode = a.get("auto_pad", "NOTSET")
     if mode in ("NOTSET", "VALID"):
         return (a.get("pads") if mode == "NOTSET" else [0] * (2 * len(kernel))), x
     if mode not in ("SAME_UPPER", "SAME_LOWER"):
         raise Unsupported(f"auto_pad={mode}")
-    t = ctx.types.get(x)
+    t = ctx.types.get(n.input[0])
     if t is None or t[1] is None:
         raise Unsupported(f"auto_pad={mode} on an input of unknown rank")
     strides = a.get("strides") or [1] * len(kernel)
@@ -382,3 +383,31 @@ def _matmul_integer(ctx, n, a):
 
 LOWER["DynamicQuantizeLinear"] = _dynamic_quantize_linear
 LOWER["MatMulInteger"] = _matmul_integer
+
+
+def _conv_integer(ctx, n, a):
+    """(x - x_zp) conv (w - w_zp) in float64, where every int32 ONNX sum is exact, then int32."""
+    w = ctx.value(n.input[1])
+    kernel = a.get("kernel_shape") or (list(w.shape[2:]) if w is not None else None)
+    if kernel is None:
+        raise Unsupported("ConvInteger with a run-time weight and no kernel_shape")
+
+    def centred(i, per_channel_rank=None):
+        v = ctx.emit("Cast", [n.input[i]], {"to": "f64"})
+        if len(n.input) > i + 2 and n.input[i + 2]:
+            zp = ctx.emit("Cast", [n.input[i + 2]], {"to": "f64"})
+            if per_channel_rank and ctx.rank(n.input[i + 2]) == 1:  # one zero point per output channel
+                zp = ctx.emit("Reshape", [zp], {"shape": [-1] + [1] * (per_channel_rank - 1)})
+            v = ctx.emit("Sub", [v, zp])
+        return v
+
+    xf, wf = centred(0), centred(1, 2 + len(kernel))
+    # the centred input pads with 0, i.e. the raw input with its zero point
+    pads, xf = _auto_pad(ctx, n, a, kernel, x=xf)
+    attrs = {k: a[k] for k in ("strides", "dilations", "group") if k in a}
+    if pads is not None:
+        attrs["pads"] = list(pads)
+    ctx.emit("Cast", [ctx.emit("Conv", [xf, wf], attrs)], {"to": "i32"}, n.output[0])
+
+
+LOWER["ConvInteger"] = _conv_integer
