@@ -476,6 +476,15 @@ SWEEP = {
                          _N("ConvInteger", ["x8", "w8", "xz"], ["ci"], pads=[1, 0, 0, 1])],
                     [_i("k", np.float32(40)), _i("w8", R.integers(0, 256, (2, 3, 2, 2)).astype(np.uint8)),
                      _i("xz", np.uint8(7))]),
+    "QLinear": (10, [_N("QuantizeLinear", ["x", "qs", "qz"], ["q"]),
+                     _N("QLinearConv", ["q", "qs", "qz", "cw", "cs", "cz", "ys", "yz", "cb"], ["c"], pads=[1, 1, 0, 0]),
+                     _N("QLinearMatMul", ["c", "ys", "yz", "mw", "ms", "mz", "zs", "zz"], ["mm"]),
+                     _N("DequantizeLinear", ["mm", "zs", "zz"], ["y"])],
+                [_i("qs", np.float32(0.03)), _i("qz", np.uint8(128)), _i("cw", R.integers(0, 256, (2, 3, 2, 2)).astype(
+                    np.uint8)), _i("cs", np.float32(0.01)), _i("cz", np.uint8(120)), _i("ys", np.float32(0.05)),
+                 _i("yz", np.uint8(90)), _i("cb", np.array([300, -200], np.int32)),
+                 _i("mw", R.integers(0, 256, (5, 3)).astype(np.uint8)), _i("ms", np.float32(0.02)),
+                 _i("mz", np.uint8(130)), _i("zs", np.float32(0.3)), _i("zz", np.uint8(128))]),
     "LSTM": (7, [_N("Reshape", ["x", "s3"], ["x3"]), _N("LSTM", ["x3", "w", "r", "b"], ["y", "yh", "yc"],
                                                          hidden_size=3, direction="bidirectional")],
              [_i("s3", np.array([6, 4, 5], np.int64)), _i("w", _f32(2, 12, 5)), _i("r", _f32(2, 12, 3)),
@@ -721,6 +730,28 @@ def test_conv_integer_per_channel_zero_points(tmp_path, attrs):
         ref = ort.InferenceSession(_conv_integer_model(w, z, attrs).SerializeToString(),
                                    providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
         np.testing.assert_array_equal(got[:, m], ref[:, m], err_msg=f"channel {m}")
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize("signed", [False, True])
+def test_qlinear_conv_and_matmul_match_onnxruntime_exactly(tmp_path, per_channel, signed):
+    """The QOperator format's QLinearConv (int32 bias) and QLinearMatMul: int32 products, float32 requantization."""
+    wt, qt = (np.int8, TensorProto.INT8) if signed else (np.uint8, TensorProto.UINT8)
+    w = R.integers(-128, 128, (4, 3, 3, 3)).astype(np.int8)
+    m2 = R.integers(-128, 128, (5, 6)).astype(np.int8)
+    ws = (np.abs(_f32(4)) * 0.01 + 0.002) if per_channel else np.float32(0.004)
+    inits = [numpy_helper.from_array(v, k) for k, v in {
+        "xs": np.float32(0.05), "xz": wt(7 if signed else 131), "w": w, "ws": ws,
+        "wz": np.zeros(4, np.int8) if per_channel else np.int8(0), "ys": np.float32(0.09),
+        "yz": wt(-3 if signed else 120),
+        "b": R.integers(-500, 500, 4).astype(np.int32), "m2": m2, "ms": np.float32(0.01), "mz": np.int8(0),
+        "zs": np.float32(0.2), "zz": wt(5 if signed else 100)}.items()]
+    nodes = [helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], ["y"],
+                              pads=[1, 1, 1, 1], strides=[2, 1]),
+             helper.make_node("QLinearMatMul", ["y", "ys", "yz", "m2", "ms", "mz", "zs", "zz"], ["z"])]
+    m = _model(nodes, [_vi("x", ["n", 3, "h", 5], qt)], [_vi("y", None, qt), _vi("z", None, qt)], inits, opset=13)
+    lo, hi = (-128, 128) if signed else (0, 256)
+    _check(_save(tmp_path, m), [{"x": R.integers(lo, hi, s).astype(wt)} for s in ((1, 3, 6, 5), (2, 3, 9, 5))])
 
 
 # ------------------------------------------------------------------------------------------- LSTM / GRU

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .context import LOWER, Unsupported, _DTYPES, _np
+from .context import LOWER, Unsupported, _DTYPES, _Fake, _np
 
 
 def _per_axis(ctx, n, a, name: str, x: str) -> str:
@@ -411,3 +411,44 @@ def _conv_integer(ctx, n, a):
 
 
 LOWER["ConvInteger"] = _conv_integer
+
+
+def _requantize(ctx, acc: str, scale: str, zp: str, out: str) -> None:
+    """saturate(round_half_even(float(acc) * scale) + zp), onnxruntime's float32 requantization."""
+    out_t = ctx.dtype(zp)
+    if out_t not in ("u8", "i8"):
+        raise Unsupported(f"requantization to {out_t}")
+    lo, hi = _QRANGE[out_t]
+    q = ctx.emit("Round", [ctx.emit("Mul", [ctx.emit("Cast", [acc], {"to": "f32"}), scale])])
+    q = ctx.emit("Add", [q, ctx.emit("Cast", [zp], {"to": "f32"})])
+    ctx.emit("Cast", [ctx.emit("Clip", [q], {"min": float(lo), "max": float(hi)})], {"to": out_t}, out)
+
+
+def _qlinear_scale(ctx, a_s: str, b_s: str, y_s: str, per_channel_rank: int | None = None) -> str:
+    b = b_s
+    if per_channel_rank and ctx.rank(b_s) == 1:  # per output channel: [M] -> [M, 1, ...]
+        b = ctx.emit("Reshape", [b_s], {"shape": [-1] + [1] * (per_channel_rank - 2)})
+    return ctx.emit("Div", [ctx.emit("Mul", [a_s, b]), y_s])  # (a_scale * b_scale) / y_scale, in that order
+
+
+def _qlinear_matmul(ctx, n, a):
+    a_, a_s, a_zp, b, b_s, b_zp, y_s, y_zp = n.input[:8]
+    acc = ctx.fresh("qlinear_acc")
+    _matmul_integer(ctx, _Fake([a_, b, a_zp, b_zp], [acc]), {})
+    _requantize(ctx, acc, _qlinear_scale(ctx, a_s, b_s, y_s), y_zp, n.output[0])
+
+
+def _qlinear_conv(ctx, n, a):
+    x, x_s, x_zp, w, w_s, w_zp, y_s, y_zp = n.input[:8]
+    r = ctx.rank(x)
+    if r is None:
+        raise Unsupported("QLinearConv on an input of unknown rank")
+    acc = ctx.fresh("qlinear_acc")
+    _conv_integer(ctx, _Fake([x, w, x_zp, w_zp], [acc]), a)
+    if len(n.input) > 8 and n.input[8]:  # int32 bias, added before requantization
+        acc = ctx.emit("Add", [acc, ctx.emit("Reshape", [n.input[8]], {"shape": [-1] + [1] * (r - 2)})])
+    _requantize(ctx, acc, _qlinear_scale(ctx, x_s, w_s, y_s, r), y_zp, n.output[0])
+
+
+LOWER["QLinearMatMul"] = _qlinear_matmul
+LOWER["QLinearConv"] = _qlinear_conv
