@@ -186,6 +186,24 @@ def test_pad(mode):
     np.testing.assert_array_equal(ours, ref)
 
 
+def test_run_time_operand_forms():
+    """Slice starts/ends, Pad pads and Resize sizes fed at run time (the forms Shape arithmetic produces)."""
+    starts, ends = np.array([1, -1], np.int64), np.array([3, -2**62], np.int64)
+    ref = ort_run("Slice", [X, starts, ends, np.array([1, 2], np.int64), np.array([1, -2], np.int64)],
+                  const_inputs={3: 0, 4: 0})
+    np.testing.assert_array_equal(run_op("Slice", [X, starts, ends], {"axes": [1, 2], "steps": [1, -2]}), ref)
+    pads = np.array([0, 1, 2, 0, 2, 1], np.int64)
+    for mode in ("constant", "reflect", "edge"):
+        ref = ort_run("Pad", [X, pads] + ([np.float32(1.5)] if mode == "constant" else []), {"mode": mode},
+                      const_inputs={2: 0})
+        np.testing.assert_array_equal(run_op("Pad", [X, pads], {"mode": mode, "value": 1.5}), ref)
+    x = R.standard_normal((1, 2, 3, 5)).astype(np.float32)
+    sizes = np.array([1, 2, 7, 4], np.int64)
+    for mode in ("nearest", "linear"):
+        ref = ort_run("Resize", [x, None, None, sizes], {"mode": mode}, opset=13)
+        np.testing.assert_allclose(run_op("Resize", [x, sizes], {"mode": mode}), ref, rtol=1e-5, atol=1e-5)
+
+
 def test_range_constant_of_shape_depth_to_space():
     s, l, d = (np.array(v, np.float32) for v in (1.0, 7.5, 0.5))
     np.testing.assert_allclose(run_op("Range", [s, l, d]), ort_run("Range", [s, l, d]))

@@ -324,11 +324,15 @@ def decrypt(state, src, output, password_env, password_stdin, password_value):
         click.echo(f"wrote {output}")
 
 
-def _random_feeds(graph, seed: int, sym: int = 2) -> dict:
+def _random_feeds(graph, seed: int, shapes: dict | None = None, given: dict | None = None, sym: int = 2) -> dict:
+    """Seeded random inputs: `given` arrays as they are, `shapes` where named, symbolic dims `sym` elsewhere."""
     r = np.random.default_rng(seed)
     feeds = {}
     for v in graph.inputs:
-        shape = [d if isinstance(d, int) else sym for d in v.shape]
+        if given and v.name in given:
+            feeds[v.name] = given[v.name]
+            continue
+        shape = (shapes or {}).get(v.name) or [d if isinstance(d, int) else sym for d in v.shape]
         if v.dtype in ("f32", "f16", "f64", "bf16"):
             a = r.standard_normal(shape).astype(np.float32 if v.dtype == "bf16" else v.dtype.replace("f", "float"))
         elif v.dtype == "bool":
@@ -340,36 +344,85 @@ def _random_feeds(graph, seed: int, sym: int = 2) -> dict:
     return feeds
 
 
+def _parse_shapes(graph, specs: tuple[str, ...], given: dict) -> dict[str, list[int]]:
+    """--shape NAME=1x3x640x640 entries, checked against the graph's inputs (rank and static dims)."""
+    by_name = {v.name: v for v in graph.inputs}
+    out: dict[str, list[int]] = {}
+    for spec in specs:
+        name, sep, dims = spec.rpartition("=")
+        try:
+            shape = [int(d) for d in dims.split("x")] if sep and name else None
+        except ValueError:
+            shape = None
+        if shape is None or any(d < 0 for d in shape):
+            raise click.BadParameter(f"{spec!r}; expected NAME=DIMxDIMx... with non-negative integers, "
+                                     "e.g. x=1x3x640x640", param_hint="--shape")
+        _check_input_name(name, by_name, "--shape")
+        if name in given:
+            raise click.BadParameter(f"{name!r} is given by --input too; give one of them", param_hint="--shape")
+        want = by_name[name].shape
+        if len(shape) != len(want) or any(isinstance(w, int) and w != d for w, d in zip(want, shape)):
+            raise RlxError(f"--shape {name}: {shape} does not fit the input's declared shape {list(want)}; "
+                           "give one integer per dim and keep the fixed dims")
+        out[name] = shape
+    return out
+
+
+def _check_input_name(name: str, by_name: dict, option: str) -> None:
+    if name not in by_name:
+        raise RlxError(f"{option} {printable(name)}: the source graph has no input of that name; its inputs are "
+                       f"{', '.join(printable(n) for n in by_name)}")
+
+
 @main.command()
 @click.argument("path", type=click.Path(path_type=Path))
 @click.option("--against", type=click.Path(path_type=Path), help="Source graph.json / bundle to compare outputs with.")
 @click.option("--weights", type=click.Path(path_type=Path), help="Weights for --against.")
 @click.option("--seed", default=0, show_default=True)
+@click.option("--input", "inputs", multiple=True, metavar="NAME=FILE.npy",
+              help="With --against: an input array to run both on (repeatable); other inputs are random.")
+@click.option("--shape", "shapes", multiple=True, metavar="NAME=1x3x640x640",
+              help="With --against: the shape of a random input (repeatable); unnamed symbolic dims are 2.")
 @password_options
 @click.pass_obj
-def verify(state, path, against, weights, seed, password_env, password_stdin, password_value):
+def verify(state, path, against, weights, seed, inputs, shapes, password_env, password_stdin, password_value):
     """Check every digest and the padding (exit 1 if any weight has no digest); with --against, also run
-    both on seeded random inputs and compare outputs."""
+    both on the same inputs (--input files, else seeded random ones shaped by --shape) and compare outputs."""
     from rlx_runtime import Session
     with handled(state):
         rf = _open(path, password_env, password_stdin, password_value)
         click.echo(f"{path}: {rf.verify()} weight digests OK")
         if against is None:
+            if inputs or shapes:
+                raise click.UsageError("--input and --shape choose the inputs of --against; give --against SRC")
             return
         graph, ws = load_graph(against, weights)
+        by_name = {v.name: v for v in graph.inputs}
+        given = {}
+        for spec in inputs:
+            name, sep, file = spec.partition("=")
+            if not sep or not name:
+                raise click.BadParameter(f"{spec!r}; expected NAME=FILE.npy", param_hint="--input")
+            _check_input_name(name, by_name, "--input")
+            given[name] = _load_npy(name, file)
+        sizes = _parse_shapes(graph, shapes, given)
         ref = Session().compile(graph)
         for name in graph.param_names:
             if name in ws:
                 ref.set_param(name, ws[name])
         baked = Session().compile(rf)
-        feeds = _random_feeds(graph, seed)
+        feeds = _random_feeds(graph, seed, sizes, given)
         a, b = ref.run(feeds), baked.run(feeds)
         for name in graph.outputs:
+            if np.shape(a[name]) != np.shape(b[name]):
+                raise RlxError(f"output {printable(name)}: the baked file gives shape {list(np.shape(b[name]))}, "
+                               f"the source {list(np.shape(a[name]))}; the file does not match its source")
             x, y = np.asarray(a[name], np.float64).ravel(), np.asarray(b[name], np.float64).ravel()
             diff = float(np.max(np.abs(x - y))) if x.size else 0.0
             den = np.linalg.norm(x) * np.linalg.norm(y)
             cos = float(x @ y / den) if den else 1.0
-            click.echo(f"output {printable(name)}: max abs diff {diff:.3g}, cosine {cos:.8f}")
+            click.echo(f"output {printable(name)}: max abs diff {diff:.3g}, cosine {cos:.8f} "
+                       f"(shape {list(np.shape(a[name]))})")
 
 
 @main.command()

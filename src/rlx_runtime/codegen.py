@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from rlx_format.dtypes import FLOAT_DTYPES
+
 # ops whose outputs are always new buffers (never views of their inputs)
 FRESH_OPS = frozenset({
     "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "MatMul", "Exp", "Log", "Sqrt", "Neg", "Abs", "Relu",
@@ -58,7 +60,10 @@ def generate(plan) -> tuple[object, dict[int, int]]:
                    and types[st.name].rank > 0  # numpy hands back scalars, not buffers, for 0-d results
                    and st.ins.count(first) == 1
                    and all(_fits(types[name_of[i]].shape, types[st.name].shape) for i in st.ins[1:]))
-        if inplace and st.op in _INPLACE_BINARY and len(st.ins) == 2:
+        int_div = st.op == "Div" and types[st.name].dtype not in FLOAT_DTYPES  # np.divide is true division
+        # numpy ufuncs give rank-0 results as scalars, which cannot be written into (out=)
+        inplace = inplace and types[st.name].rank > 0
+        if inplace and st.op in _INPLACE_BINARY and len(st.ins) == 2 and not int_div:
             code = f"    v{st.out} = np.{_INPLACE_BINARY[st.op]}({args}, out=v{first})"
         elif inplace and st.op == "Relu":
             code = f"    v{st.out} = np.maximum(v{first}, 0, out=v{first})"

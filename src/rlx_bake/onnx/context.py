@@ -9,9 +9,11 @@ from pathlib import Path
 
 import numpy as np
 
-from rlx_format.dtypes import f32_to_bf16
+from rlx_format.dtypes import dtype_of_array, f32_to_bf16
 from rlx_format.errors import RlxError
 from rlx_format.graph import Node
+from rlx_format.ops import OPS, RANDOM_OPS, normalize_attrs
+from rlx_runtime.kernels import KERNELS, prepare_attrs
 
 from . import external_data
 
@@ -23,6 +25,10 @@ except ImportError:  # pragma: no cover - exercised only without the extra
     onnx = None
 
 _DTYPES = {1: "f32", 10: "f16", 16: "bf16", 11: "f64", 7: "i64", 6: "i32", 5: "i16", 3: "i8", 2: "u8", 9: "bool"}
+
+
+_FOLD_BYTES = 1 << 20           # import-time folds bigger than this stay nodes (the bake's fold decides)
+_FOLD_INIT_ELEMENTS = 4096      # integer initializers up to this size count as known (shape operands)
 
 
 class Unsupported(Exception):
@@ -43,6 +49,7 @@ class _Ctx:
         self.names: set[str] = set()
         self._mmaps: dict[str, mmap.mmap | None] = {}  # real path -> map (None: empty file)
         self._n = 0
+        self.outputs = {o.name for o in model.graph.output}  # stay node outputs, never folded away
 
     # -- values
     def fresh(self, base: str) -> str:
@@ -54,10 +61,44 @@ class _Ctx:
                 return name
 
     def emit(self, op: str, inputs: list[str], attrs: dict | None = None, name: str | None = None) -> str:
+        """Add a node, or its value when every operand is known at import (Constant-only subgraphs fold)."""
         name = name or self.fresh(op.lower())
         self.names.add(name)
+        value = self._fold(op, list(inputs), dict(attrs or {}))
+        if value is not None and name not in self.outputs:
+            self.consts[name] = value
+            self.types[name] = (dtype_of_array(value), tuple(value.shape))
+            return name
         self.nodes.append(Node(name, op, list(inputs), dict(attrs or {})))
         return name
+
+    def known(self, name: str) -> np.ndarray | None:
+        """A value import-time folding may read: a constant or a small integer initializer (a shape operand)."""
+        if name in self.consts:
+            return self.consts[name]
+        v = self.inits.get(name)
+        if v is not None and v.dtype.kind in "iub" and v.size <= _FOLD_INIT_ELEMENTS:
+            return v
+        return None
+
+    def _fold(self, op: str, inputs: list[str], attrs: dict) -> np.ndarray | None:
+        if op in RANDOM_OPS or op not in OPS:
+            return None
+        if op == "Shape":  # the shape of a statically typed value is a constant
+            t = self.types.get(inputs[0])
+            if t is None or t[1] is None or not all(isinstance(d, int) for d in t[1]):
+                return None
+            return np.array(t[1], np.int64)
+        vals = [self.known(i) for i in inputs]
+        if any(v is None for v in vals):
+            return None
+        try:  # a node the kernel cannot evaluate is left to graph validation, which names it
+            a = prepare_attrs(op, normalize_attrs(op, attrs, op))
+            out = np.asarray(KERNELS[op](np, a, *vals))
+            dtype_of_array(out)
+        except Exception:  # noqa: BLE001
+            return None
+        return np.array(out, order="C") if out.nbytes <= _FOLD_BYTES else None
 
     def const(self, value, dtype=None, base: str = "const") -> str:
         arr = np.asarray(value, dtype=dtype)

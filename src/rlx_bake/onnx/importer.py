@@ -7,7 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 from rlx_format.dtypes import dtype_of_array
-from rlx_format.errors import RlxError
+from rlx_format.errors import GraphError, RlxError
 from rlx_format.graph import Graph, Value
 
 from ..loader import WeightSet
@@ -22,13 +22,37 @@ def _value_type(vi) -> tuple[str, tuple] | None:
         return (dt, None) if dt else None
     dims = []
     for i, d in enumerate(tt.shape.dim):
-        if d.HasField("dim_value"):
+        if d.HasField("dim_value") and d.dim_value >= 0:
             dims.append(int(d.dim_value))
-        elif d.dim_param:
+        elif d.HasField("dim_param") and not _anonymous(d.dim_param):
             dims.append(d.dim_param)
-        else:
+        else:  # unknown: -1, '', '?', ... each its own symbol (two '?' dims need not be equal)
             dims.append(f"{vi.name}:d{i}")
     return dt, tuple(dims)
+
+
+def _anonymous(param: str) -> bool:
+    """A dim_param that names no dimension ('?', '-1', '*', 'None'): exporters write these for 'unknown'."""
+    p = param.strip()
+    return not any(c.isalnum() for c in p) or p.lstrip("-").isdigit() or p in ("None", "none", "null")
+
+
+def _subgraph_ops(node, label: str) -> list[tuple[str, str]]:
+    """(op key, where) of every node inside the graph attributes (If/Loop/Scan bodies) of `node`, nested
+    ones included, so one report names all the work an unsupported control-flow op would hide."""
+    out = []
+    stack = [(node, label)]
+    while stack:
+        n, where = stack.pop()
+        for attr in n.attribute:
+            for body in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                for i, sub in enumerate(body.node):
+                    sub_label = sub.name or (sub.output[0] if sub.output else f"#{i}")
+                    sub_where = f"{sub_label} (in {where}.{attr.name})"
+                    op = sub.op_type if sub.domain in ("", "ai.onnx") else f"{sub.domain}.{sub.op_type}"
+                    out.append((f"{op} (inside a subgraph)", sub_where))
+                    stack.append((sub, sub_where))
+    return out
 
 
 def import_onnx(path: str | os.PathLike) -> tuple[Graph, WeightSet]:
@@ -84,6 +108,9 @@ def import_onnx(path: str | os.PathLike) -> tuple[Graph, WeightSet]:
         if lower is None:
             unsupported[key] += 1
             where.setdefault(key, []).append(label)
+            for sub_key, sub_label in _subgraph_ops(n, label):
+                unsupported[sub_key] += 1
+                where.setdefault(sub_key, []).append(sub_label)
             continue
         try:
             lower(ctx, n, _attrs(n))
@@ -123,5 +150,8 @@ def import_onnx(path: str | os.PathLike) -> tuple[Graph, WeightSet]:
         dt = dtype_of_array(arr)
         consts.append(Value(name, dt, tuple(arr.shape), arr))
     outputs = [o.name for o in g.output]
-    graph = Graph(g.name or path.stem, inputs, params, consts, ctx.nodes, outputs)
+    try:
+        graph = Graph(g.name or path.stem, inputs, params, consts, ctx.nodes, outputs)
+    except GraphError as e:  # validation of the lowered graph: say which file it came from
+        raise GraphError(f"{path}: {e}") from None
     return graph, weights

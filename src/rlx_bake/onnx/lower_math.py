@@ -10,7 +10,7 @@ from .context import LOWER, Unsupported, _DTYPES, _Fake, _attr_copy, _axes_from,
 _SAME = ["Abs", "Neg", "Exp", "Log", "Sqrt", "Reciprocal", "Sin", "Cos", "Tan", "Tanh", "Sigmoid", "Relu", "Erf",
          "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh",
          "Floor", "Ceil", "Round", "Sign", "Not", "Softplus", "Softsign", "Identity", "Add", "Sub", "Mul", "Div",
-         "Pow", "Equal", "Less", "LessEqual", "Greater", "GreaterEqual", "And", "Or", "Where", "MatMul",
+         "Pow", "Equal", "Less", "Greater", "And", "Or", "Where", "MatMul",
          "GlobalAveragePool"]
 
 
@@ -18,6 +18,9 @@ for _op in _SAME:
     LOWER[_op] = _direct(_op)
 
 
+# ONNX spells these GreaterOrEqual/LessOrEqual (opset 12+); the catalogue's names are shorter
+LOWER["GreaterOrEqual"] = _direct("GreaterEqual")
+LOWER["LessOrEqual"] = _direct("LessEqual")
 LOWER["LeakyRelu"] = _attr_copy("LeakyRelu", ["alpha"])
 LOWER["Elu"] = _attr_copy("Elu", ["alpha"])
 LOWER["Selu"] = _attr_copy("Selu", ["alpha", "gamma"])
@@ -25,6 +28,7 @@ LOWER["Gelu"] = _attr_copy("Gelu", ["approximate"])
 LOWER["ArgMax"] = _attr_copy("ArgMax", ["axis", "keepdims", "select_last_index"])
 LOWER["ArgMin"] = _attr_copy("ArgMin", ["axis", "keepdims", "select_last_index"])
 LOWER["Einsum"] = _attr_copy("Einsum", ["equation"])
+LOWER["Mod"] = _attr_copy("Mod", ["fmod"])
 
 
 def _isnan(ctx, n, a):
@@ -77,9 +81,14 @@ LOWER["ReduceLogSumExp"] = _reduce_composite("LogSumExp")
 
 
 def _dropout(ctx, n, a):
-    if len(n.output) > 1 and n.output[1]:
-        raise Unsupported("Dropout mask output")
+    if len(n.input) > 2 and n.input[2]:  # opset 12+: training_mode; inference only
+        mode = ctx.value(n.input[2])
+        if mode is None or bool(np.asarray(mode).reshape(())):
+            raise Unsupported("Dropout in training mode (training_mode not a constant false)")
     ctx.emit("Identity", [n.input[0]], {}, n.output[0])
+    if len(n.output) > 1 and n.output[1]:  # the mask of an inference Dropout keeps everything
+        dt = "bool" if ctx.opset >= 10 else (ctx.dtype(n.input[0]) or "f32")  # opsets 7-9: mask has x's type
+        ctx.emit("ConstantOfShape", [ctx.emit("Shape", [n.input[0]])], {"value": 1.0, "dtype": dt}, n.output[1])
 
 
 LOWER["Dropout"] = _dropout

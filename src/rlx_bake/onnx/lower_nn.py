@@ -80,23 +80,49 @@ def _gemm(ctx, n, a):
 LOWER["Gemm"] = _gemm
 
 
-def _auto_pad(ctx, n, a, kernel):
+def _auto_pad(ctx, n, a, kernel, fill: float = 0.0, x: str | None = None) -> tuple[list[int] | None, str]:
+    """(pads, input): explicit pads, or SAME_* pads computed at import (static spatial dims or stride 1),
+    or, for symbolic dims with a stride, a run-time Pad of the input (then pads are zeros). `x` is the
+    tensor to pad when it is not the node's input itself (a value computed from it, of its shape)."""
+    x = x or n.input[0]
     mode = a.get("auto_pad", "NOTSET")
     if mode in ("NOTSET", "VALID"):
-        return a.get("pads") if mode == "NOTSET" else [0] * (2 * len(kernel))
+        return (a.get("pads") if mode == "NOTSET" else [0] * (2 * len(kernel))), x
+    if mode not in ("SAME_UPPER", "SAME_LOWER"):
+        raise Unsupported(f"auto_pad={mode}")
     t = ctx.types.get(n.input[0])
-    if t is None or not all(isinstance(d, int) for d in t[1][2:]):
-        raise Unsupported(f"auto_pad={mode} on an input whose spatial dims are unknown at import time")
+    if t is None or t[1] is None:
+        raise Unsupported(f"auto_pad={mode} on an input of unknown rank")
     strides = a.get("strides") or [1] * len(kernel)
     dil = a.get("dilations") or [1] * len(kernel)
+    spatial = t[1][2:]
+    if not all(isinstance(d, int) or s == 1 for d, s in zip(spatial, strides)):
+        return [0] * (2 * len(kernel)), _same_pad_at_run_time(ctx, x, mode, kernel, strides, dil, fill)
     begin, end = [], []
-    for d, k, s, dl in zip(t[1][2:], kernel, strides, dil):
-        out = -(-d // s)
-        total = max(0, (out - 1) * s + (k - 1) * dl + 1 - d)
+    for d, k, s, dl in zip(spatial, kernel, strides, dil):
+        # stride 1: out = d, so the total is (k-1)*dl whatever d is
+        total = (k - 1) * dl if s == 1 else max(0, (-(-d // s) - 1) * s + (k - 1) * dl + 1 - d)
         small, big = total // 2, total - total // 2
         begin.append(big if mode == "SAME_LOWER" else small)
         end.append(small if mode == "SAME_LOWER" else big)
-    return begin + end
+    return begin + end, x
+
+
+def _same_pad_at_run_time(ctx, x, mode, kernel, strides, dil, fill) -> str:
+    """Pad x for SAME_* from its run-time spatial dims d: total = max(0, (ceil(d/s)-1)*s + (k-1)*dl + 1 - d)."""
+    r = 2 + len(kernel)
+    i64 = lambda v: ctx.const(np.array(v, np.int64))  # noqa: E731
+    d = ctx.emit("Slice", [ctx.emit("Shape", [x])], {"starts": [2], "ends": [r]})
+    s = i64(strides)
+    out = ctx.emit("Div", [ctx.emit("Sub", [ctx.emit("Add", [d, s]), i64(1)]), s])  # ceil(d/s), d >= 0
+    need = ctx.emit("Sub", [ctx.emit("Add", [ctx.emit("Mul", [ctx.emit("Sub", [out, i64(1)]), s]),
+                                            i64([(k - 1) * dl + 1 for k, dl in zip(kernel, dil)])]), d])
+    total = ctx.emit("Max", [need, i64(0)])
+    small = ctx.emit("Div", [total, i64(2)])
+    big = ctx.emit("Sub", [total, small])
+    begin, end = (big, small) if mode == "SAME_LOWER" else (small, big)
+    pads = ctx.emit("Concat", [i64([0, 0]), begin, i64([0, 0]), end], {"axis": 0})
+    return ctx.emit("Pad", [x, pads], {"mode": "constant", "value": fill})
 
 
 def _conv(op):
@@ -110,10 +136,12 @@ def _conv(op):
         attrs = {k: a[k] for k in ("strides", "dilations", "group", "output_padding") if k in a}
         if op == "Conv":
             attrs.pop("output_padding", None)
-        pads = _auto_pad(ctx, n, a, kernel)
+        if op == "ConvTranspose" and a.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+            raise Unsupported(f"ConvTranspose auto_pad={a['auto_pad']}")
+        pads, x = _auto_pad(ctx, n, a, kernel)
         if pads is not None:
             attrs["pads"] = list(pads)
-        ctx.emit(op, [i for i in n.input if i], attrs, n.output[0])
+        ctx.emit(op, [x] + [i for i in n.input[1:] if i], attrs, n.output[0])
     return lower
 
 
@@ -131,7 +159,13 @@ def _pool(op):
         attrs = {"kernel_shape": kernel, "ceil_mode": a.get("ceil_mode", 0)}
         if a.get("strides"):
             attrs["strides"] = a["strides"]
-        pads = _auto_pad(ctx, n, a, kernel)
+        same = a.get("auto_pad") in ("SAME_UPPER", "SAME_LOWER")
+        if op == "AveragePool" and not a.get("count_include_pad", 0) and same:
+            t = ctx.types.get(n.input[0])
+            if t is None or t[1] is None or not all(isinstance(d, int) or s == 1 for d, s in
+                                                    zip(t[1][2:], a.get("strides") or [1] * len(kernel))):
+                raise Unsupported(f"AveragePool auto_pad={a['auto_pad']} with a stride on symbolic dims")
+        pads, x = _auto_pad(ctx, n, a, kernel, fill=-np.inf if op == "MaxPool" else 0.0)
         if pads is not None:
             attrs["pads"] = list(pads)
         if op == "MaxPool" and a.get("dilations"):
@@ -140,7 +174,7 @@ def _pool(op):
             if a.get("dilations") and any(d != 1 for d in a["dilations"]):
                 raise Unsupported("AveragePool with dilations")
             attrs["count_include_pad"] = a.get("count_include_pad", 0)
-        ctx.emit(op, [n.input[0]], attrs, n.output[0])
+        ctx.emit(op, [x], attrs, n.output[0])
     return lower
 
 
@@ -159,8 +193,10 @@ LOWER["GlobalMaxPool"] = _global_max_pool
 
 
 def _batchnorm(ctx, n, a):
-    if any(o for o in n.output[1:]):
-        raise Unsupported("BatchNormalization training outputs")
+    if any(o for o in n.output[1:]) or a.get("training_mode", 0):
+        raise Unsupported("BatchNormalization training outputs / training_mode=1")
+    if a.get("spatial", 1) == 0:  # opsets 7-8: statistics per (channel, position), not per channel
+        raise Unsupported("BatchNormalization spatial=0")
     ctx.emit("BatchNormalization", list(n.input[:5]), {"epsilon": a.get("epsilon", 1e-5)}, n.output[0])
 
 

@@ -70,14 +70,16 @@ LOWER["Unsqueeze"] = _squeeze("Unsqueeze")
 
 
 def _slice(ctx, n, a):
+    clamp = lambda v: max(min(v, 2**62), -(2**62))  # noqa: E731 - INT64_MAX sentinels
     if ctx.opset < 10:
         starts, ends, axes, steps = a["starts"], a["ends"], a.get("axes"), None
     else:
-        starts = ctx.ints(n.input[1], "Slice starts")
-        ends = ctx.ints(n.input[2], "Slice ends")
         axes = ctx.ints(n.input[3], "Slice axes") if len(n.input) > 3 and n.input[3] else None
         steps = ctx.ints(n.input[4], "Slice steps") if len(n.input) > 4 and n.input[4] else None
-    clamp = lambda v: max(min(v, 2**62), -(2**62))  # noqa: E731 - INT64_MAX sentinels
+        if ctx.value(n.input[1]) is None or ctx.value(n.input[2]) is None:  # computed at run time (from Shape)
+            ctx.emit("Slice", [n.input[0], n.input[1], n.input[2]], {"axes": axes, "steps": steps}, n.output[0])
+            return
+        starts, ends = ctx.ints(n.input[1], "Slice starts"), ctx.ints(n.input[2], "Slice ends")
     ctx.emit("Slice", [n.input[0]], {"starts": [clamp(s) for s in starts], "ends": [clamp(e) for e in ends],
                                      "axes": axes, "steps": steps}, n.output[0])
 
@@ -115,7 +117,7 @@ def _pad(ctx, n, a):
         value = a.get("value", 0.0)
         axes = None
     else:
-        pads = ctx.ints(n.input[1], "Pad pads")
+        pads = n.input[1] if ctx.value(n.input[1]) is None else ctx.ints(n.input[1], "Pad pads")
         value = 0.0
         if len(n.input) > 2 and n.input[2]:
             v = ctx.value(n.input[2])
@@ -123,6 +125,14 @@ def _pad(ctx, n, a):
                 raise Unsupported("Pad with a run-time constant_value")
             value = float(np.asarray(v).reshape(()))
         axes = ctx.ints(n.input[3], "Pad axes") if len(n.input) > 3 and n.input[3] else None
+    if isinstance(pads, str):  # computed at run time: the input form of Pad
+        r = ctx.rank(n.input[0])
+        if axes is not None and (r is None or [ax % r for ax in axes] != list(range(r))):
+            raise Unsupported("Pad with run-time pads on a subset (or a reordering) of the axes")
+        if mode not in ("constant", "reflect", "edge"):
+            raise Unsupported(f"Pad mode {mode!r}")
+        ctx.emit("Pad", [n.input[0], pads], {"mode": mode, "value": value}, n.output[0])
+        return
     if axes is not None:
         r = ctx.rank(n.input[0])
         if r is None:
@@ -200,12 +210,20 @@ def _resize(ctx, n, a):
             return None
         v = ctx.value(n.input[pos])
         if v is None:
-            raise Unsupported("Resize with run-time scales/sizes")
+            if pos != sizes_in:
+                raise Unsupported("Resize with run-time scales")
+            return n.input[pos]  # run-time sizes: the input form
         return v.reshape(-1) if v.size else None
 
     scales, sizes = given(scales_in), given(sizes_in)
     r = ctx.rank(n.input[0])
     axes = a.get("axes")
+    if isinstance(sizes, str):
+        if axes is not None and (r is None or [ax % r for ax in axes] != list(range(r))):
+            raise Unsupported("Resize with run-time sizes on a subset (or a reordering) of the axes")
+        ctx.emit("Resize", [n.input[0], sizes], {"mode": mode, "coordinate_transformation_mode": ctm,
+                                                 "nearest_mode": nearest_mode}, n.output[0])
+        return
     if axes is not None:  # opset 18: values for a subset of axes
         if r is None:
             raise Unsupported("Resize axes on an input of unknown rank")

@@ -70,7 +70,7 @@ _reg("CumSum", 1, _axis_same, {"axis": Attr("int", 0), "exclusive": Attr("int", 
 _reg("Reshape", (1, 2), _reshape, {"shape": Attr("ints", None, lo=-1)})
 _reg("Transpose", 1, _transpose, {"perm": Attr("ints", None)})
 _reg("Concat", (1, 1 << 16), _concat, {"axis": Attr("int")})
-_reg("Slice", 1, _slice, {"starts": Attr("ints"), "ends": Attr("ints"), "axes": Attr("ints", None),
+_reg("Slice", (1, 3), _slice, {"starts": Attr("ints", None), "ends": Attr("ints", None), "axes": Attr("ints", None),
                           "steps": Attr("ints", None)})
 _reg("Gather", 2, _gather, {"axis": Attr("int", 0)})
 _reg("Expand", (1, 2), _expand, {"shape": Attr("ints", None, lo=0)})
@@ -78,7 +78,7 @@ _reg("Tile", (1, 2), _tile, {"repeats": Attr("ints", None, lo=0)})
 _reg("Squeeze", 1, _squeeze, {"axes": Attr("ints", None)})
 _reg("Unsqueeze", 1, _unsqueeze, {"axes": Attr("ints")})
 _reg("Flatten", 1, _flatten, {"axis": Attr("int", 1)})
-_reg("Pad", 1, _pad, {"pads": Attr("ints"), "mode": Attr("str", "constant", ("constant", "reflect", "edge")),
+_reg("Pad", (1, 2), _pad, {"pads": Attr("ints", None), "mode": Attr("str", "constant", ("constant", "reflect", "edge")),
                       "value": Attr("float", 0.0, nonfinite=True)})
 _reg("Shape", 1, _shape)
 _reg("Range", 3, _range)
@@ -116,7 +116,7 @@ _reg("TopK", 1, _topk, {"k": Attr("int", lo=0), "axis": Attr("int", -1), "larges
                         "output": Attr("str", "values", ("values", "indices"))})
 _reg("Trilu", 1, _trilu, {"upper": Attr("int", 1, (0, 1)), "k": Attr("int", 0)})
 _reg("GatherElements", 2, _gather_elements, {"axis": Attr("int", 0)})
-_reg("Resize", 1, _resize, {
+_reg("Resize", (1, 2), _resize, {
     "scales": Attr("floats", None), "sizes": Attr("ints", None, lo=1),
     "mode": Attr("str", "nearest", ("nearest", "linear")),
     "coordinate_transformation_mode": Attr("str", "half_pixel",

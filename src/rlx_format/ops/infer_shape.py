@@ -127,18 +127,28 @@ def slice_dim(d: int, start: int, end: int, step: int) -> int:
 
 def _slice(ctx: InferCtx) -> TensorType:
     x = ctx.inputs[0]
-    starts, ends = ctx.attrs["starts"], ctx.attrs["ends"]
-    axes = ctx.attrs["axes"] if ctx.attrs["axes"] is not None else list(range(len(starts)))
-    steps = ctx.attrs["steps"] if ctx.attrs["steps"] is not None else [1] * len(starts)
-    if not len(starts) == len(ends) == len(axes) == len(steps):
+    starts, ends = _shape_arg(ctx, "starts", 1), _shape_arg(ctx, "ends", 2)
+    if isinstance(starts, int) or isinstance(ends, int):  # run-time starts/ends: only their lengths are known
+        n_s = starts if isinstance(starts, int) else len(starts)
+        n_e = ends if isinstance(ends, int) else len(ends)
+        starts = ends = None
+    else:
+        n_s, n_e = len(starts), len(ends)
+    axes = ctx.attrs["axes"] if ctx.attrs["axes"] is not None else list(range(n_s))
+    steps = ctx.attrs["steps"] if ctx.attrs["steps"] is not None else [1] * n_s
+    if not n_s == n_e == len(axes) == len(steps):
         raise ctx.fail("starts, ends, axes and steps must have the same length")
     norm = [ctx.axis(a, x.rank) for a in axes]
     if len(set(norm)) != len(norm):
         raise ctx.fail(f"axes {axes} repeat an axis; expected each axis at most once")
+    if any(st == 0 for st in steps):
+        raise ctx.fail("slice step 0; expected a nonzero step")
     shape = list(x.shape)
+    if starts is None:
+        for a in norm:
+            shape[a] = ctx.fresh()
+        return TensorType(x.dtype, tuple(shape))
     for s, e, a, st in zip(starts, ends, norm, steps):
-        if st == 0:
-            raise ctx.fail("slice step 0; expected a nonzero step")
         d = shape[a]
         if isinstance(d, int):
             shape[a] = slice_dim(d, s, e, st)
@@ -223,9 +233,12 @@ def _flatten(ctx: InferCtx) -> TensorType:
 
 def _pad(ctx: InferCtx) -> TensorType:
     x = ctx.inputs[0]
-    pads = ctx.attrs["pads"]
-    if len(pads) != 2 * x.rank:
-        raise ctx.fail(f"pads has {len(pads)} entries; expected 2*rank = {2 * x.rank} (all begins, then all ends)")
+    pads = _shape_arg(ctx, "pads", 1)
+    n = pads if isinstance(pads, int) else len(pads)
+    if n != 2 * x.rank:
+        raise ctx.fail(f"pads has {n} entries; expected 2*rank = {2 * x.rank} (all begins, then all ends)")
+    if isinstance(pads, int):  # run-time pads: every dim may change
+        return TensorType(x.dtype, tuple(ctx.fresh() for _ in x.shape))
     shape = []
     for i, d in enumerate(x.shape):
         extra = pads[i] + pads[i + x.rank]
@@ -415,6 +428,16 @@ def _resize(ctx: InferCtx) -> TensorType:
     x = ctx.inputs[0]
     _require_float(ctx)
     scales, sizes = ctx.attrs["scales"], ctx.attrs["sizes"]
+    if len(ctx.inputs) > 1:  # sizes as input 1 (computed at run time)
+        if scales is not None:
+            raise ctx.fail("both attr 'scales' and a sizes input given; expected one")
+        sizes = _shape_arg(ctx, "sizes", 1)
+        if isinstance(sizes, int):
+            if sizes != x.rank:
+                raise ctx.fail(f"sizes input has {sizes} entries; expected rank {x.rank}")
+            return TensorType(x.dtype, tuple(ctx.fresh() for _ in x.shape))
+        if any(d < 1 for d in sizes):
+            raise ctx.fail(f"sizes {sizes} must be >= 1")
     if (scales is None) == (sizes is None):
         raise ctx.fail("give exactly one of scales and sizes")
     n = len(scales if scales is not None else sizes)

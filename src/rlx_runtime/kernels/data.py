@@ -37,11 +37,13 @@ def _concat(xp, a, *xs):
 
 
 @kernel("Slice")
-def _slice(xp, a, x):
+def _slice(xp, a, x, starts=None, ends=None):
+    starts = a["starts"] if starts is None else host_ints(xp, starts)
+    ends = a["ends"] if ends is None else host_ints(xp, ends)
     idx = [slice(None)] * x.ndim
-    axes = a["axes"] if a["axes"] is not None else range(len(a["starts"]))
-    steps = a["steps"] or [1] * len(a["starts"])
-    for s, e, ax, st in zip(a["starts"], a["ends"], axes, steps):
+    axes = a["axes"] if a["axes"] is not None else range(len(starts))
+    steps = a["steps"] or [1] * len(starts)
+    for s, e, ax, st in zip(starts, ends, axes, steps):
         if x.shape[ax] == 0:
             continue
         start, stop = slice_bounds(x.shape[ax], s, e, st)
@@ -84,9 +86,9 @@ def _flatten(xp, a, x):
 
 
 @kernel("Pad")
-def _pad(xp, a, x):
+def _pad(xp, a, x, pads=None):
     r = x.ndim
-    pads = a["pads"]
+    pads = a["pads"] if pads is None else host_ints(xp, pads)
     # negative pads crop first
     crop = tuple(slice(max(-pads[i], 0), x.shape[i] - max(-pads[i + r], 0)) for i in range(r))
     x = x[crop]
@@ -154,9 +156,15 @@ def _nearest(xp, a, c):
 
 
 @kernel("Resize")
-def _resize(xp, a, x):
+def _resize(xp, a, x, sizes_in=None):
     """Separable resize, one axis at a time: nearest is a gather, linear a weighted pair of gathers."""
-    sizes = a["sizes"] or [int(math.floor(d * s)) for d, s in zip(x.shape, a["scales"])]
+    if sizes_in is not None:  # ValueError: the plan names the node
+        sizes = host_ints(xp, sizes_in)
+        if len(sizes) != x.ndim or any(d < 1 for d in sizes):
+            raise ValueError(f"sizes {sizes} computed at run time for input shape {list(x.shape)}; "
+                           f"expected {x.ndim} entries, each >= 1")
+    else:
+        sizes = a["sizes"] or [int(math.floor(d * s)) for d, s in zip(x.shape, a["scales"])]
     scales = a["scales"] or [np.float32(o) / np.float32(d) for o, d in zip(sizes, x.shape)]
     if list(x.shape) == list(sizes):  # same output shape: a copy, whatever the scales (as onnxruntime does)
         return x.copy()
