@@ -84,6 +84,7 @@ CASES["GRU"] = ([("f32", [7, B, 5]), ("f32", [1, 18, 5]), ("f32", [1, 18, 6]), (
                 {"hidden_size": 6, "optional": ["sequence_lens"]}, ("f32", (8, 1, B, 6)))
 CASES["RNN"] = ([("f32", [7, B, 5]), ("f32", [1, 6, 5]), ("f32", [1, 6, 6])], {"hidden_size": 6},
                 ("f32", (8, 1, B, 6)))
+CASES["GatherND"] = ([("f32", [B, 5, 6, 7]), ("i64", [B, 3, 2])], {"batch_dims": 1}, ("f32", (B, 3, 7)))
 CASES["MatMulInteger"] = ([("u8", [B, 16]), ("i8", [16, 4]), ("i8", [4])], {"optional": ["b_zero_point"]},
                           ("i32", (B, 4)))
 CASES["ConvInteger"] = ([("u8", [B, 3, 8, 8]), ("u8", [4, 3, 3, 3])], {}, ("i32", (B, 4, 6, 6)))

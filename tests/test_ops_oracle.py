@@ -448,6 +448,28 @@ def test_gather_elements(axis):
                                   ort_run("GatherElements", [x, idx], {"axis": axis}))
 
 
+@pytest.mark.parametrize("data_shape,idx_shape,batch_dims", [
+    ((4, 5), (3, 2), 0), ((4, 5, 6), (2, 3, 1), 0), ((4, 5, 6), (2, 2), 0), ((3, 4, 5), (3, 2, 1), 1),
+    ((2, 3, 4, 5), (2, 3, 2), 2), ((2, 3, 4), (2, 1), 1)])
+def test_gather_nd(data_shape, idx_shape, batch_dims):
+    x = R.standard_normal(data_shape).astype(np.float32)
+    k = idx_shape[-1]
+    hi = np.array(data_shape[batch_dims:batch_dims + k])
+    idx = (R.integers(0, 1 << 20, idx_shape) % hi - R.integers(0, 2, idx_shape) * hi).astype(np.int64)  # negatives too
+    np.testing.assert_array_equal(run_op("GatherND", [x, idx], {"batch_dims": batch_dims}),
+                                  ort_run("GatherND", [x, idx], {"batch_dims": batch_dims}))
+
+
+def test_reshape_allowzero():
+    x = R.standard_normal((0, 3)).astype(np.float32)
+    shape = np.array([3, 0], np.int64)
+    np.testing.assert_array_equal(run_op("Reshape", [x], {"shape": [3, 0], "allowzero": 1}),
+                                  ort_run("Reshape", [x, shape], {"allowzero": 1}, opset=14, const_inputs={1: 0}))
+    y = R.standard_normal((2, 3)).astype(np.float32)  # without a 0 in the shape, allowzero changes nothing
+    np.testing.assert_array_equal(run_op("Reshape", [y], {"shape": [3, -1], "allowzero": 1}), y.reshape(3, 2))
+    assert run_op("Reshape", [y], {"shape": [0, 3]}).shape == (2, 3)  # the default: 0 copies the dim
+
+
 @pytest.mark.parametrize("reduction", ["none", "add", "mul", "max", "min"])
 def test_scatter_nd(reduction):
     x = R.standard_normal((4, 5, 3)).astype(np.float32)

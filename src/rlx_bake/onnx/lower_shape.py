@@ -14,6 +14,7 @@ LOWER["Flatten"] = _attr_copy("Flatten", ["axis"])
 LOWER["DepthToSpace"] = _attr_copy("DepthToSpace", ["blocksize", "mode"])
 LOWER["Range"] = _direct("Range")
 LOWER["GatherElements"] = _attr_copy("GatherElements", ["axis"])
+LOWER["GatherND"] = _attr_copy("GatherND", ["batch_dims"])
 LOWER["ScatterND"] = _attr_copy("ScatterND", ["reduction"])
 
 
@@ -46,13 +47,13 @@ def _reshape(ctx, n, a):
     if ctx.opset < 5:
         ctx.emit("Reshape", [n.input[0]], {"shape": a["shape"]}, n.output[0])
         return
-    if a.get("allowzero", 0):
-        raise Unsupported("Reshape allowzero=1")
     v = ctx.value(n.input[1])
+    # allowzero=1 (what torch's dynamo exporter writes) only differs where the shape holds a 0
+    zero = {"allowzero": 1} if a.get("allowzero", 0) and (v is None or (np.asarray(v) == 0).any()) else {}
     if v is not None:
-        ctx.emit("Reshape", [n.input[0]], {"shape": [int(x) for x in v.reshape(-1)]}, n.output[0])
+        ctx.emit("Reshape", [n.input[0]], {"shape": [int(x) for x in v.reshape(-1)], **zero}, n.output[0])
     else:
-        ctx.emit("Reshape", [n.input[0], n.input[1]], {}, n.output[0])
+        ctx.emit("Reshape", [n.input[0], n.input[1]], zero, n.output[0])
 
 
 LOWER["Reshape"] = _reshape

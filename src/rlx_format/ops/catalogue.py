@@ -19,7 +19,8 @@ from .infer_nn import (
     _global_pool, _groupnorm, _matmul, _norm_last, _pool, _random, _sdpa,
 )
 from .infer_shape import (
-    _concat, _constant_of_shape, _depth_to_space, _einsum, _expand, _flatten, _gather, _gather_elements, _pad,
+    _concat, _constant_of_shape, _depth_to_space, _einsum, _expand, _flatten, _gather, _gather_elements, _gather_nd,
+    _pad,
     _range, _reshape, _resize, _scatter_elements, _scatter_nd, _shape, _slice, _squeeze, _tile, _topk,
     _transpose, _trilu, _unsqueeze,
 )
@@ -67,7 +68,7 @@ for _n in ["Softmax", "LogSoftmax"]:
     _reg(_n, 1, _axis_same, {"axis": Attr("int", -1)})
 _reg("CumSum", 1, _axis_same, {"axis": Attr("int", 0), "exclusive": Attr("int", 0, (0, 1)),
                                "reverse": Attr("int", 0, (0, 1))})
-_reg("Reshape", (1, 2), _reshape, {"shape": Attr("ints", None, lo=-1)})
+_reg("Reshape", (1, 2), _reshape, {"shape": Attr("ints", None, lo=-1), "allowzero": Attr("int", 0, (0, 1))})
 _reg("Transpose", 1, _transpose, {"perm": Attr("ints", None)})
 _reg("Concat", (1, 1 << 16), _concat, {"axis": Attr("int")})
 _reg("Slice", (1, 3), _slice, {"starts": Attr("ints", None), "ends": Attr("ints", None), "axes": Attr("ints", None),
@@ -116,6 +117,7 @@ _reg("TopK", 1, _topk, {"k": Attr("int", lo=0), "axis": Attr("int", -1), "larges
                         "output": Attr("str", "values", ("values", "indices"))})
 _reg("Trilu", 1, _trilu, {"upper": Attr("int", 1, (0, 1)), "k": Attr("int", 0)})
 _reg("GatherElements", 2, _gather_elements, {"axis": Attr("int", 0)})
+_reg("GatherND", 2, _gather_nd, {"batch_dims": Attr("int", 0, lo=0)})
 _reg("Resize", (1, 2), _resize, {
     "scales": Attr("floats", None), "sizes": Attr("ints", None, lo=1),
     "mode": Attr("str", "nearest", ("nearest", "linear")),

@@ -45,9 +45,14 @@ def _reshape(ctx: InferCtx) -> TensorType:
         return TensorType(x.dtype, tuple(ctx.fresh() for _ in range(target)))
     if target.count(-1) > 1:
         raise ctx.fail(f"shape {target} has more than one -1")
+    zero_is_literal = bool(ctx.attrs.get("allowzero"))  # ONNX allowzero=1: 0 means a 0-length dim, not "copy"
+    if zero_is_literal and 0 in target and -1 in target:
+        raise ctx.fail(f"shape {target} has both 0 and -1 with allowzero=1; expected one of them")
     out: list[Dim] = []
     for i, d in enumerate(target):
-        if d == 0:
+        if d == 0 and zero_is_literal:
+            out.append(0)
+        elif d == 0:
             if i >= x.rank:
                 raise ctx.fail(f"shape {target} copies dim {i} (0) but input has rank {x.rank}")
             out.append(x.shape[i])
@@ -359,6 +364,20 @@ def _gather_elements(ctx: InferCtx) -> TensorType:
         raise ctx.fail(f"indices rank {idx.rank}; expected the data rank {x.rank}")
     _index_fits(ctx, idx, x, ctx.axis(ctx.attrs["axis"], x.rank))
     return TensorType(x.dtype, idx.shape)
+
+
+def _gather_nd(ctx: InferCtx) -> TensorType:
+    x, idx = ctx.inputs
+    b = ctx.attrs["batch_dims"]
+    if idx.dtype not in ("i64", "i32"):
+        raise ctx.fail(f"indices have dtype {idx.dtype}; expected i64 or i32")
+    if idx.rank < 1 or not isinstance(idx.shape[-1], int):
+        raise ctx.fail(f"indices have shape {list(idx.shape)}; expected rank >= 1 with a static last dim")
+    k = idx.shape[-1]
+    if b >= min(x.rank, idx.rank) or not 1 <= k <= x.rank - b:
+        raise ctx.fail(f"batch_dims {b} and index depth {k} do not fit data rank {x.rank} and indices rank "
+                       f"{idx.rank}; expected batch_dims < both ranks and 1 <= depth <= data rank - batch_dims")
+    return TensorType(x.dtype, idx.shape[:-1] + x.shape[b + k:])
 
 
 def _index_fits(ctx: InferCtx, idx: TensorType, x: TensorType, ax: int) -> None:

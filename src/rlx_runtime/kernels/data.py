@@ -12,8 +12,8 @@ from rlx_format.ops.infer_shape import range_length
 
 from .registry import host_ints, kernel
 
-def resolve_reshape(in_shape: tuple, target: list[int]) -> tuple:
-    out = [in_shape[i] if d == 0 else d for i, d in enumerate(target)]
+def resolve_reshape(in_shape: tuple, target: list[int], allowzero: bool = False) -> tuple:
+    out = [in_shape[i] if d == 0 and not allowzero else d for i, d in enumerate(target)]
     if -1 in out:
         known = math.prod(d for d in out if d != -1)
         out[out.index(-1)] = math.prod(in_shape) // known if known else 0
@@ -23,7 +23,7 @@ def resolve_reshape(in_shape: tuple, target: list[int]) -> tuple:
 @kernel("Reshape")
 def _reshape(xp, a, x, shape=None):
     target = a["shape"] if shape is None else host_ints(xp, shape)
-    return x.reshape(resolve_reshape(x.shape, target))
+    return x.reshape(resolve_reshape(x.shape, target, bool(a["allowzero"])))
 
 
 @kernel("Transpose")

@@ -26,6 +26,20 @@ def _gather_elements(xp, a, x, idx):
     return xp.take_along_axis(x, xp.where(i < 0, i + x.shape[ax], i), axis=ax)
 
 
+@kernel("GatherND")
+def _gather_nd(xp, a, x, idx):
+    """ONNX GatherND: the last indices axis addresses the first k data axes after `batch_dims`."""
+    b, k = a["batch_dims"], idx.shape[-1]
+    lead = x.shape[:b]
+    n = int(np.prod(lead, dtype=np.int64))
+    i = idx.astype(np.int64).reshape(n, -1, k)
+    i = xp.where(i < 0, i + xp.asarray(x.shape[b:b + k]), i)
+    data = x.reshape((n, *x.shape[b:]))
+    rows = xp.arange(n).reshape(n, 1)
+    out = data[(rows, *(i[..., j] for j in range(k)))]
+    return out.reshape(idx.shape[:-1] + x.shape[b + k:])
+
+
 _SCATTER_UFUNC = {"add": "add", "mul": "multiply", "max": "maximum", "min": "minimum"}
 
 
