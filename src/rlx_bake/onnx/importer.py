@@ -11,7 +11,7 @@ from rlx_format.errors import GraphError, RlxError
 from rlx_format.graph import Graph, Value
 
 from ..loader import WeightSet
-from . import lower_math, lower_nn, lower_qint, lower_rnn, lower_shape  # noqa: F401 - they fill LOWER
+from . import lower_control, lower_math, lower_nn, lower_qint, lower_rnn, lower_shape  # noqa: F401 - fill LOWER
 from .context import _attrs, _Ctx, _DTYPES, LOWER, onnx, Unsupported
 
 
@@ -118,6 +118,9 @@ def import_onnx(path: str | os.PathLike) -> tuple[Graph, WeightSet]:
             key = f"{n.op_type} ({e})"
             unsupported[key] += 1
             where.setdefault(key, []).append(label)
+            for sub_key, sub_label in _subgraph_ops(n, label):  # what a refused If/Loop/Scan would hide
+                unsupported[sub_key] += 1
+                where.setdefault(sub_key, []).append(sub_label)
         except KeyError as e:
             key = f"{n.op_type} (missing attribute {e})"
             unsupported[key] += 1
