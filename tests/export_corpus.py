@@ -186,6 +186,17 @@ MODELS: dict[str, Spec] = {
 }
 NEEDS_TRANSFORMERS = {name for name in MODELS if not name.startswith(("cnn", "unet", "rnn"))}
 FAST_DYNAMO = {"bert", "sentence-bert"}  # the dynamo exports in the fast tier (when onnxscript is installed)
+# dynamo exports that fail before rlx is involved (torch 2.13, onnxscript 0.7), measured on this corpus: kept as
+# strict xfails so that a fixed exporter turns them into failures to update, never silent passes
+DYNAMO_EXPORTER_FAILS = {
+    "cnn": "torch.export specializes the dynamic batch dim (ConstraintViolationError: 1 not in range [2, 64])",
+    "cnn-opset11": "torch.export specializes the dynamic batch dim (ConstraintViolationError)",
+    "unet": "torch.export specializes the dynamic batch dim (ConstraintViolationError)",
+    "vit": "torch.export specializes the dynamic batch dim (ConstraintViolationError)",
+    "gpt2": "onnxruntime cannot load the export (INVALID_GRAPH: a Split with no split sizes)",
+    "rnn": "the export bakes the example's sequence length into a Reshape ([5, -1, 12]); onnxruntime fails the "
+           "same way at another length",
+}
 
 
 def cache_dir() -> Path:

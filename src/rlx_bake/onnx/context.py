@@ -50,6 +50,7 @@ class _Ctx:
         self._mmaps: dict[str, mmap.mmap | None] = {}  # real path -> map (None: empty file)
         self._n = 0
         self.outputs = {o.name for o in model.graph.output}  # stay node outputs, never folded away
+        self.static_inputs = True  # every graph input fully static (set by the importer before lowering)
 
     # -- values
     def fresh(self, base: str) -> str:
@@ -87,6 +88,10 @@ class _Ctx:
         if op == "Shape":  # the shape of a statically typed value is a constant
             t = self.types.get(inputs[0])
             if t is None or t[1] is None or not all(isinstance(d, int) for d in t[1]):
+                return None
+            if not self.static_inputs and self.known(inputs[0]) is None and inputs[0] not in self.inits:
+                # with symbolic input dims, a model's value_info may hold the export-time shapes of values
+                # that really vary (torch's dynamo exporter writes such): rlx's own inference decides later
                 return None
             return np.array(t[1], np.int64)
         vals = [self.known(i) for i in inputs]

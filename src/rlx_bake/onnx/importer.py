@@ -96,6 +96,7 @@ def import_onnx(path: str | os.PathLike) -> tuple[Graph, WeightSet]:
             raise RlxError(f"{path}: graph input {vi.name!r} has an unsupported type or no shape")
         inputs.append(Value(vi.name, t[0], t[1]))
         ctx.names.add(vi.name)
+    ctx.static_inputs = all(isinstance(d, int) for v in inputs for d in v.shape)
     unsupported: Counter = Counter()
     where: dict[str, list[str]] = {}
     for i, n in enumerate(g.node):
