@@ -119,17 +119,24 @@ def _q4_0_blocks(x, s, out):  # d = max / -8 (max: signed value of largest |x|),
             out[b, 2 + j] = lo | (hi << 4)
 
 
+@numba.njit(cache=True, inline="always")
+def _min_max(x, b):
+    """Signed min and max of block b (32 values); ties, +0 against -0 included, keep the first, as GGML's loop."""
+    mn = x[b, 0]
+    mx = x[b, 0]
+    for i in range(1, 32):
+        v = x[b, i]
+        if v < mn:
+            mn = v
+        if v > mx:
+            mx = v
+    return mn, mx
+
+
 @numba.njit(cache=True, nogil=True)
 def _q4_1_blocks(x, s, out):  # d = (max - min) / 15, m = min, q = trunc((x - min)/d + 0.5)
     for b in range(x.shape[0]):
-        mn = x[b, 0]
-        mx = x[b, 0]
-        for i in range(1, 32):
-            v = x[b, i]
-            if v < mn:
-                mn = v
-            if v > mx:
-                mx = v
+        mn, mx = _min_max(x, b)
         d = (mx - mn) / _F15
         inv = _recip(d)
         s[b, 0] = d
@@ -170,14 +177,7 @@ def _q5_0_blocks(x, s, out):  # d = max / -16, q = trunc(x/d + 16.5)
 @numba.njit(cache=True, nogil=True)
 def _q5_1_blocks(x, s, out):  # d = (max - min) / 31, m = min, q = trunc((x - min)/d + 0.5)
     for b in range(x.shape[0]):
-        mn = x[b, 0]
-        mx = x[b, 0]
-        for i in range(1, 32):
-            v = x[b, i]
-            if v < mn:
-                mn = v
-            if v > mx:
-                mx = v
+        mn, mx = _min_max(x, b)
         d = (mx - mn) / _F31
         inv = _recip(d)
         s[b, 0] = d

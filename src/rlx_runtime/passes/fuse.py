@@ -62,12 +62,7 @@ def fuse_gelu(graph: Graph, report=None) -> Graph:
                 m2.op, m2.inputs, m2.attrs = "Gelu", [x], {"approximate": "none"}
                 fused += 1
                 break
-    if report is not None:
-        report.simplified += fused
-    if fused:
-        from .dce import dead_code_elimination
-        return dead_code_elimination(graph)
-    return graph
+    return _fused(graph, report, fused)
 
 
 def fuse_silu(graph: Graph, report=None) -> Graph:
@@ -85,6 +80,11 @@ def fuse_silu(graph: Graph, report=None) -> Graph:
                 m.op, m.inputs, m.attrs = "Silu", [x], {}
                 fused += 1
                 break
+    return _fused(graph, report, fused)
+
+
+def _fused(graph: Graph, report, fused: int) -> Graph:
+    """Count the fusions and drop the nodes they left without readers."""
     if report is not None:
         report.simplified += fused
     if fused:
