@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all check-tests lint bench fuzz clean machine-info
+.PHONY: demo test test-all test-slow check-tests lint bench fuzz clean machine-info
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -21,6 +21,9 @@ test: $(STAMP)
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+test-slow: $(STAMP)  # the slow tier alone: > 4 GiB offsets, > 2 GiB sealing, the slow real-export corpus
+	$(BIN)/python -m pytest -q -m "slow and not cuda"
 
 check-tests: $(STAMP)  # the curated mutation check (scripts/mutants.py); too long for `make test`
 	$(BIN)/python scripts/mutants.py
