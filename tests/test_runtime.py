@@ -249,4 +249,5 @@ def test_chains_of_0d_values_run():
     g.output(g.op("Mul", g.op("Neg", s), s, name="y"))
     xv = np.arange(12, dtype=np.float32).reshape(3, 4) - 5
     want = -((6 - (-5)) - 0.5) ** 2
-    assert float(Session().compile(g.build()).run({"x": xv})["y"]) == pytest.approx(want)
+    y = Session().compile(g.build()).run({"x": xv})["y"]
+    assert isinstance(y, np.ndarray) and y.shape == () and float(y) == pytest.approx(want)  # an array, not a scalar

@@ -150,6 +150,8 @@ class Plan:
             # never hand out a leaf, a view into another buffer, or the same array twice
             if id(a) in leaf_ids or id(a) in seen or getattr(a, "base", None) is not None:
                 a = a.copy()
+            elif isinstance(a, np.generic):  # numpy gives 0-d results as scalars: outputs are always arrays
+                a = np.asarray(a)
             seen.add(id(a))
             out[name] = a
         return out
