@@ -448,6 +448,15 @@ def test_gather_elements(axis):
                                   ort_run("GatherElements", [x, idx], {"axis": axis}))
 
 
+@pytest.mark.parametrize("axis,idx_shape", [(0, (4, 1)), (1, (2, 6)), (0, (2, 3))])
+def test_gather_elements_with_indices_shorter_than_the_data_off_the_axis(axis, idx_shape):
+    x = R.standard_normal((4, 4)).astype(np.float32)
+    idx = R.integers(-4, 4, idx_shape).astype(np.int64)
+    out = run_op("GatherElements", [x, idx], {"axis": axis})
+    assert out.shape == idx_shape
+    np.testing.assert_array_equal(out, ort_run("GatherElements", [x, idx], {"axis": axis}))
+
+
 @pytest.mark.parametrize("data_shape,idx_shape,batch_dims", [
     ((4, 5), (3, 2), 0), ((4, 5, 6), (2, 3, 1), 0), ((4, 5, 6), (2, 2), 0), ((3, 4, 5), (3, 2, 1), 1),
     ((2, 3, 4, 5), (2, 3, 2), 2), ((2, 3, 4), (2, 1), 1)])

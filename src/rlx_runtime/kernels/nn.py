@@ -23,6 +23,9 @@ def _trilu(xp, a, x):
 def _gather_elements(xp, a, x, idx):
     ax = a["axis"] % x.ndim
     i = idx.astype(np.int64)
+    # off the axis, indices may be shorter than the data (ONNX): read the leading part only, since
+    # take_along_axis would broadcast the indices up to the data's shape instead
+    x = x[tuple(slice(None) if d == ax else slice(0, n) for d, n in enumerate(idx.shape))]
     return xp.take_along_axis(x, xp.where(i < 0, i + x.shape[ax], i), axis=ax)
 
 
