@@ -125,12 +125,18 @@ def _same_pad_at_run_time(ctx, x, mode, kernel, strides, dil, fill) -> str:
     return ctx.emit("Pad", [x, pads], {"mode": "constant", "value": fill})
 
 
+def conv_kernel(ctx, n, a, op: str) -> list[int]:
+    """A convolution's kernel dims: the kernel_shape attr, else the constant weight's spatial dims."""
+    w = ctx.value(n.input[1])
+    kernel = a.get("kernel_shape") or (list(w.shape[2:]) if w is not None else None)
+    if kernel is None:
+        raise Unsupported(f"{op} with a run-time weight and no kernel_shape")
+    return kernel
+
+
 def _conv(op):
     def lower(ctx, n, a):
-        w = ctx.value(n.input[1])
-        kernel = a.get("kernel_shape") or (list(w.shape[2:]) if w is not None else None)
-        if kernel is None:
-            raise Unsupported(f"{op} with a run-time weight and no kernel_shape")
+        kernel = conv_kernel(ctx, n, a, op)
         if a.get("output_shape"):
             raise Unsupported("ConvTranspose output_shape")
         attrs = {k: a[k] for k in ("strides", "dilations", "group", "output_padding") if k in a}

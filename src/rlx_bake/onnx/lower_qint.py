@@ -15,7 +15,7 @@ import numpy as np
 from rlx_format.ops.infer_integer import OPTIONAL
 
 from .context import LOWER, Unsupported, _Fake
-from .lower_nn import _QRANGE, _auto_pad
+from .lower_nn import _QRANGE, _auto_pad, conv_kernel
 
 
 def _dynamic_quantize_linear(ctx, n, a):
@@ -46,10 +46,7 @@ def _integer(op: str):
                 optional.append(name)
         attrs = {"optional": optional}
         if op == "ConvInteger":
-            w = ctx.value(n.input[1])
-            kernel = a.get("kernel_shape") or (list(w.shape[2:]) if w is not None else None)
-            if kernel is None:
-                raise Unsupported("ConvInteger with a run-time weight and no kernel_shape")
+            kernel = conv_kernel(ctx, n, a, op)
             attrs.update({k: a[k] for k in ("strides", "dilations", "group") if k in a})
             # a run-time SAME pad (symbolic dims with a stride) fills with the input's zero point: the value
             # that stands for 0 once the zero point is subtracted

@@ -176,12 +176,12 @@ def fold_known(graph: Graph, report=None, *, growth_limit: float | None, min_byt
     consider(list(candidates))
     keep_results = growth_limit is None  # at compile the folded values stay in RAM: they use the budget
     while accepted:
-        peak = _simulate(graph, nodes, accepted, keep_results)
+        peak = _simulate(graph, order, accepted, keep_results)
         if peak <= budget:
             break
         # refuse the boundary that needs the most on its own, then try again without it
-        worst = max(accepted, key=lambda b: _simulate(graph, nodes, {b: accepted[b]}, keep_results))
-        alone = _simulate(graph, nodes, {worst: accepted.pop(worst)}, keep_results)
+        worst = max(accepted, key=lambda b: _simulate(graph, order, {b: accepted[b]}, keep_results))
+        alone = _simulate(graph, order, {worst: accepted.pop(worst)}, keep_results)
         refused.append({"node": worst, "op": nodes[worst].op,
                         "reason": f"evaluating it needs {alone} bytes at once, more than the fold memory budget "
                                   f"({budget} bytes); raise fold_memory_budget to allow it"})
@@ -191,7 +191,7 @@ def fold_known(graph: Graph, report=None, *, growth_limit: float | None, min_byt
     if accepted:
         for b, c in accepted.items():
             origin[b] = _source_bytes(c, origin)
-        _evaluate(graph, nodes, accepted, report)
+        _evaluate(graph, nodes, order, accepted, report)
     return graph.validate()
 
 
@@ -216,7 +216,7 @@ def _growth_refusal(graph: Graph, b: str, c: _Closure, growth_limit: float | Non
     return None
 
 
-def _readers(graph: Graph, nodes: dict[str, Node], todo: list[Node]) -> dict[str, int]:
+def _readers(graph: Graph, todo: list[Node]) -> dict[str, int]:
     """How many nodes of the sweep read each value (each node counts once per distinct input)."""
     count: dict[str, int] = {}
     for n in todo:
@@ -233,14 +233,13 @@ def _sweep(accepted: dict[str, _Closure]) -> list[Node]:
     return list(seen.values())
 
 
-def _simulate(graph: Graph, nodes: dict[str, Node], accepted: dict[str, _Closure], keep_results: bool) -> int:
+def _simulate(graph: Graph, order: dict[str, int], accepted: dict[str, _Closure], keep_results: bool) -> int:
     """Peak bytes of newly computed tensors live at once during the sweep (static shapes; no allocation).
 
     A value is live from its node until its last reader in the sweep; a folded result stays live for
     good when `keep_results` (at compile it is bound into the plan), else it leaves with its last reader."""
-    order = {n.name: i for i, n in enumerate(graph.nodes)}
     todo = sorted(_sweep(accepted), key=lambda n: order[n.name])
-    left = _readers(graph, nodes, todo)
+    left = _readers(graph, todo)
     live = peak = 0
     sizes: dict[str, int] = {}
 
@@ -260,10 +259,10 @@ def _simulate(graph: Graph, nodes: dict[str, Node], accepted: dict[str, _Closure
     return peak
 
 
-def _evaluate(graph: Graph, nodes: dict[str, Node], accepted: dict[str, _Closure], report) -> None:
-    order = {n.name: i for i, n in enumerate(graph.nodes)}
+def _evaluate(graph: Graph, nodes: dict[str, Node], order: dict[str, int], accepted: dict[str, _Closure],
+              report) -> None:
     todo = sorted(_sweep(accepted), key=lambda n: order[n.name])
-    left = _readers(graph, nodes, todo)
+    left = _readers(graph, todo)
     swept = {n.name for n in todo}
     # what the remaining graph still reads, through swept nodes that are not folded (a refused value that a
     # folded boundary is also computed from stays a node); folded boundaries are leaves from now on
