@@ -53,7 +53,8 @@ from rlx_format.codecs import CODECS  # noqa: E402
 from rlx_format.errors import RlxError  # noqa: E402
 from rlx_format.quants import dequantize, quantize  # noqa: E402
 from rlx_runtime import CompileOptions, Device, Session, to_host  # noqa: E402
-from rlx_runtime.cuda import blocks, fused  # noqa: E402
+from rlx_runtime import packed as blocks  # noqa: E402
+from rlx_runtime.backend import backend_of  # noqa: E402
 
 R = np.random.default_rng(11)
 
@@ -197,7 +198,7 @@ def test_device_selection_and_errors(device):
 
 
 def test_fused_path_only_with_custom_kernels(device):
-    assert fused.available(device.xp) == (device.kind == "cuda")
+    assert backend_of(device.xp).fused_kernels == (device.kind == "cuda")
 
 
 def test_cli_run_on_device_matches_cpu(device, tmp_path):

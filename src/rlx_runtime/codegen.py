@@ -54,7 +54,7 @@ def generate(plan) -> tuple[object, dict[int, int]]:
         ns[f"K{i}"], ns[f"A{i}"] = st.fn, st.attrs
         args = ", ".join(f"v{s}" for s in st.ins)
         first = st.ins[0] if st.ins else None
-        inplace = (plan.xp is np and first is not None and first in st.frees
+        inplace = (plan.backend.inplace_ufuncs and first is not None and first in st.frees
                    and producer_op.get(name_of[first]) in FRESH_OPS and name_of[first] not in viewed
                    and types[name_of[first]] == types[st.name]
                    and types[st.name].rank > 0  # numpy hands back scalars, not buffers, for 0-d results

@@ -18,7 +18,7 @@ import numpy as np
 from rlx_format.errors import RlxError
 from rlx_format.graph import Graph, Node, Value, unique_name
 
-from .device import Device, device_scope
+from .backend import Backend
 from .options import CompileOptions
 from .passes.evaluate import PARAM, SHAPE, binding_times, boundaries, closure, reads
 from .pecache import PECache, PECacheKey
@@ -111,28 +111,28 @@ class HoistedGraph:
     """The CompiledGraph interface over a split graph: prepare runs once per invalidation, and the main
     half, itself a CompiledGraph, every forward (tests check that the public attributes match)."""
 
-    def __init__(self, split: HoistSplit, xp, device: Device, options: CompileOptions, report=None, index: int = 0):
+    def __init__(self, split: HoistSplit, backend: Backend, options: CompileOptions, report=None):
         from .session import CompiledGraph
 
         self.split = split
-        self.device = device
-        self.device_index = index
+        self.backend = backend
+        self.device = backend.device
+        self.device_index = backend.index
         self.options = options
         self.pass_report = report
-        self._xp = xp
         self._input_decls = [(v.name, v.dtype, tuple(v.shape)) for v in split.inputs]
         self._profile: dict | None = {} if options.profile else None
         # one small plan per boundary tensor, so invalidation is per boundary
         self._prep: dict[str, Plan] = {}
         for b in split.boundary:
             sub = _restrict(split.prepare, b)
-            self._prep[b] = Plan(sub, xp)
+            self._prep[b] = Plan(sub, backend)
         self._version = dict.fromkeys(split.boundary, 0)  # bumped by set_param on a param it depends on
         # boundary tensors are computed on the device and stay there: the cache holds device arrays
-        self.cache = PECache(capacity=1, device=device if device is not Device.CPU else None, index=index)
+        self.cache = PECache(capacity=1, backend=backend)
         self._cache: dict[str, object] = {}  # the boundary values bound into the current forward
         plain = CompileOptions(optimize=False, cache_param_invariant=False, profile=options.profile)
-        self._main = CompiledGraph(split.main, xp, device, plain, index=index) if split.main is not None else None
+        self._main = CompiledGraph(split.main, backend, plain) if split.main is not None else None
         self._main_inputs = set(self._main.input_names) if self._main is not None else set()
 
     # ------------------------------------------------------------------ API
@@ -160,14 +160,14 @@ class HoistedGraph:
         return [s.op for p in self._prep.values() for s in p.steps]
 
     def set_param(self, name: str, array) -> None:
-        with device_scope(self._xp, self.device_index):
+        with self.backend.scope():
             self._set_param(name, array)
 
     def _set_param(self, name: str, array) -> None:
         decl = next((p for p in self.split.params if p.name == name), None)
         if decl is None:
             raise RlxError(f"set_param: unknown param {name!r}; expected one of {self.param_names or 'none'}")
-        checked = check_array(self._xp, f"param {name!r}", array, decl.dtype, tuple(decl.shape), {})
+        checked = check_array(self.backend, f"param {name!r}", array, decl.dtype, tuple(decl.shape), {})
         owners = [b for b, deps in self.split.deps.items() if name in deps]
         for b in owners:
             plan = self._prep[b]
@@ -178,12 +178,12 @@ class HoistedGraph:
 
     def run(self, feeds: dict) -> dict:
         """As CompiledGraph.run; prepare runs first when a boundary is missing or stale."""
-        with device_scope(self._xp, self.device_index):
+        with self.backend.scope():
             return self._run(feeds)
 
     def _run(self, feeds: dict) -> dict:
         # the unsplit graph's signature, whichever half reads each input
-        feeds = check_feeds(self._xp, self._input_decls, feeds)
+        feeds = check_feeds(self.backend, self._input_decls, feeds)
         for b in self.split.boundary:
             plan = self._prep[b]
             names = [n for n, *_ in plan.input_slots]  # inputs a Shape-keyed boundary reads (shape mode)

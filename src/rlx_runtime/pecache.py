@@ -72,23 +72,25 @@ class PECacheKey:
 class PECache:
     """name -> up to `capacity` (key, tensor) entries. Stored host arrays are read-only."""
 
-    def __init__(self, capacity: int = 1, device=None, index: int = 0):
+    def __init__(self, capacity: int = 1, device=None, index: int = 0, backend=None):
+        """`device` (Device.CUDA / index) or `backend` puts stored tensors on that device; None keeps them on
+        the host."""
         if capacity < 1:
             raise RlxError(f"PECache capacity must be >= 1; got {capacity}")
         self.capacity = capacity
-        self.device = device
-        self.index = index
-        self._xp = None
+        self.device = backend.device if backend is not None else device
+        self.index = backend.index if backend is not None else index
+        self._backend = backend
         self._entries: dict[str, list[tuple[PECacheKey, object]]] = {}
         self.hits = 0
         self.misses = 0
 
     def _store(self, value):
-        if self.device is not None and getattr(self.device, "value", None) == "cuda":
-            if self._xp is None:
-                from .device import array_module
-                self._xp = array_module(self.device, self.index)
-            return self._xp.asarray(value)  # uploaded once; hits skip the host-to-device copy
+        if self._backend is None and self.device is not None:
+            from .backend import backend_for
+            self._backend = backend_for(self.device, self.index)
+        if self._backend is not None and not self._backend.host_arrays:
+            return self._backend.upload(value)  # uploaded once; hits skip the host-to-device copy
         arr = np.asarray(value)
         if arr.flags.writeable:
             arr = arr.view()

@@ -16,7 +16,8 @@ from rlx_format.dtypes import bf16_to_f32, compute_dtype
 from rlx_format.errors import RlxError, RuntimeInputError
 from rlx_format.graph import Graph
 
-from .kernels import KERNELS, prepare_attrs
+from .backend import Backend
+from .kernels import prepare_attrs
 
 
 @dataclass
@@ -30,16 +31,16 @@ class Step:
     frees: tuple[int, ...]
 
 
-def leaf_array(xp, arr: np.ndarray, dtype: str):
-    """A leaf value as the runtime holds it: bf16 widened to f32, moved to the device."""
-    a = bf16_to_f32(arr) if dtype == "bf16" else arr
-    return a if xp is np else xp.asarray(a)
+def leaf_array(backend: Backend, arr: np.ndarray, dtype: str):
+    """A leaf value as the runtime holds it: bf16 widened to f32, on the backend's device."""
+    return backend.upload(bf16_to_f32(arr) if dtype == "bf16" else arr)
 
 
 class Plan:
-    def __init__(self, graph: Graph, xp):
+    def __init__(self, graph: Graph, backend: Backend):
         self.graph = graph
-        self.xp = xp
+        self.backend = backend
+        self.xp = backend.xp
         slot: dict[str, int] = {}
         for v in graph.inputs + graph.params:
             slot[v.name] = len(slot)
@@ -59,7 +60,7 @@ class Plan:
             if c.value is None:
                 raise RlxError(f"constant {name!r} has no data (an external weight that was not loaded); "
                                "compile the RlxFile returned by read_rlx instead of its bare graph")
-            self.base[slot[name]] = leaf_array(xp, c.value, c.dtype)
+            self.base[slot[name]] = leaf_array(backend, c.value, c.dtype)
         keep = set(slot[o] for o in graph.outputs)
         leaf_slots = set(range(len(graph.inputs) + len(graph.params) + len(graph.constants)))
         last_use: dict[int, int] = {}
@@ -71,7 +72,7 @@ class Plan:
             if s not in keep and s not in leaf_slots:
                 frees_at.setdefault(i, []).append(s)
         self.steps = [
-            Step(n.name, n.op, KERNELS[n.op], prepare_attrs(n.op, n.attrs), tuple(slot[x] for x in n.inputs),
+            Step(n.name, n.op, backend.kernel(n.op), prepare_attrs(n.op, n.attrs), tuple(slot[x] for x in n.inputs),
                  slot[n.name], tuple(frees_at.get(i, ())))
             for i, n in enumerate(graph.nodes)
         ]
@@ -85,11 +86,11 @@ class Plan:
         if v is None:
             raise RuntimeInputError(f"set_param: unknown param {name!r}; expected one of "
                                     f"{sorted(self.param_type) or 'none (all params are bound)'}")
-        return check_array(self.xp, f"param {name!r}", value, v.dtype, tuple(v.shape), {})
+        return check_array(self.backend, f"param {name!r}", value, v.dtype, tuple(v.shape), {})
 
     def bind_inputs(self, feeds: dict) -> list:
         vals = list(self.base)
-        checked = check_feeds(self.xp, self.input_decls, feeds)
+        checked = check_feeds(self.backend, self.input_decls, feeds)
         for name, s, *_ in self.input_slots:
             vals[s] = checked[name]
         for pname, s in self.param_slot.items():
@@ -157,7 +158,7 @@ class Plan:
         return out
 
 
-def check_feeds(xp, decls: list[tuple[str, str, tuple]], feeds) -> dict:
+def check_feeds(backend: Backend, decls: list[tuple[str, str, tuple]], feeds) -> dict:
     """Validate run() inputs against (name, dtype, shape) declarations: a dict, no unknown or missing
     names, dtypes, ranks, static dims, and symbolic dims bound consistently across inputs."""
     if not isinstance(feeds, dict):
@@ -171,13 +172,13 @@ def check_feeds(xp, decls: list[tuple[str, str, tuple]], feeds) -> dict:
     for name, dtype, shape in decls:
         if name not in feeds:
             raise RuntimeInputError(f"run(): missing input {name!r} ({dtype}{list(shape)}); expected {expected}")
-        checked[name] = check_array(xp, f"input {name!r}", feeds[name], dtype, shape, dims)
+        checked[name] = check_array(backend, f"input {name!r}", feeds[name], dtype, shape, dims)
     return checked
 
 
-def check_array(xp, what: str, value, dtype: str, shape: tuple, dims: dict):
+def check_array(backend: Backend, what: str, value, dtype: str, shape: tuple, dims: dict):
     want = compute_dtype(dtype)
-    a = value if (xp is not np and isinstance(value, xp.ndarray)) else np.asarray(value)
+    a = value if backend.owns(value) else np.asarray(value)
     if dtype == "bf16" and a.dtype == np.float32:
         pass
     elif a.dtype != want:
@@ -195,4 +196,4 @@ def check_array(xp, what: str, value, dtype: str, shape: tuple, dims: dict):
                 raise RuntimeInputError(f"{what}: dim {i} ({exp!r}) is {got}, but {prev[1]} bound {exp!r} = "
                                         f"{prev[0]}; expected the same size")
             dims.setdefault(exp, (got, what))
-    return a if xp is np else xp.asarray(a)
+    return backend.upload(a)

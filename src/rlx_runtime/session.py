@@ -9,7 +9,8 @@ import numpy as np
 from rlx_format.errors import RlxError
 from rlx_format.graph import Graph
 
-from .device import Device, array_module, device_scope, parse_device
+from .backend import Backend, backend_for
+from .device import Device, parse_device
 from .options import CompileOptions
 from .plan import Plan
 
@@ -22,15 +23,14 @@ class CompiledGraph:
     `.get()` copies them back).
     """
 
-    def __init__(self, graph: Graph, xp, device: Device, options: CompileOptions, report: Any = None,
-                 index: int = 0):
+    def __init__(self, graph: Graph, backend: Backend, options: CompileOptions, report: Any = None):
         self.graph = graph
-        self.device = device
-        self.device_index = index
-        self._xp = xp
+        self.backend = backend
+        self.device = backend.device
+        self.device_index = backend.index
         self.options = options
         self.pass_report = report
-        self._plan = Plan(graph, xp)
+        self._plan = Plan(graph, backend)
         self._profile: dict | None = {} if options.profile else None
 
     @property
@@ -52,14 +52,14 @@ class CompiledGraph:
     def set_param(self, name: str, array) -> None:
         """Bind a run-time weight. A numpy array is kept by reference on CPU (do not modify it afterwards);
         on CUDA it is uploaded once, here, and a cupy array is kept by reference."""
-        with device_scope(self._xp, self.device_index):
+        with self.backend.scope():
             self._plan.base[self._plan.param_slot.get(name, -1)] = self._plan.check_param(name, array)
 
     def run(self, feeds: dict) -> dict:
         """Inputs by name -> outputs by name (numpy on CPU; cupy arrays on CUDA)."""
         plan = self._plan
         # IEEE results (NaN/Inf) are the semantics, not warnings
-        with device_scope(self._xp, self.device_index), np.errstate(all="ignore"):
+        with self.backend.scope(), np.errstate(all="ignore"):
             vals = plan.bind_inputs(feeds)
             if self._profile is None:
                 return plan.outputs(vals, plan.run_fast(vals))
@@ -81,24 +81,34 @@ class CompiledGraph:
 class Session:
     """Compiles graphs (or read .rlx files) for one device: Session(Device.CUDA), Session("cuda:1")."""
 
-    def __init__(self, device: Device | str = Device.CPU, index: int | None = None):
+    def __init__(self, device: Device | str | Backend = Device.CPU, index: int | None = None):
+        if isinstance(device, Backend):  # a backend built by hand (rlx_runtime.backend: adding a backend)
+            if index is not None:
+                raise RlxError("Session(backend, index): the backend already names its device index")
+            self.device, self.index, self.backend = device.device, device.index, device
+            return
         if isinstance(device, str):
             device, parsed = parse_device(device)
             index = parsed if index is None else index
         if not isinstance(device, Device):
-            raise RlxError(f"Session(device): expected Device.CPU, Device.CUDA or a string like 'cuda:0'; "
+            raise RlxError(f"Session(device): expected Device.CPU, Device.CUDA, a string like 'cuda:0' or a Backend; "
                            f"got {type(device).__name__}")
         if device is Device.CPU and index:
             raise RlxError(f"Session: a device index ({index}) applies to CUDA only; use Session(Device.CPU)")
         self.device = device
         self.index = index or 0
-        self.xp = array_module(self.device, self.index)
+        self.backend = backend_for(self.device, self.index)
+
+    @property
+    def xp(self):
+        """The array module graphs run on (numpy, or cupy on CUDA)."""
+        return self.backend.xp
 
     def compile(self, graph_or_file) -> CompiledGraph:
         return self.compile_with(graph_or_file, CompileOptions(optimize=False))
 
     def compile_with(self, graph_or_file, options: CompileOptions | None = None):
-        with device_scope(self.xp, self.index):  # constants are uploaded to this GPU
+        with self.backend.scope():  # constants are uploaded to this GPU
             return self._compile(graph_or_file, options or CompileOptions())
 
     def _compile(self, graph_or_file, options: CompileOptions):
@@ -111,8 +121,8 @@ class Session:
             from .hoist import HoistedGraph, split_param_invariant, split_shape_invariant
             split = (split_shape_invariant if options.cache_shape_invariant else split_param_invariant)(graph)
             if split is not None:
-                return HoistedGraph(split, self.xp, self.device, options, report, self.index)
-        return CompiledGraph(graph, self.xp, self.device, options, report, self.index)
+                return HoistedGraph(split, self.backend, options, report)
+        return CompiledGraph(graph, self.backend, options, report)
 
 
 def _as_graph(obj) -> Graph:

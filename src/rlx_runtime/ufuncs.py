@@ -1,6 +1,6 @@
-"""numba ufuncs for CPU kernels where numpy/scipy are slow: erf and the fused exact GELU.
+"""numba ufuncs for CPU kernels where numpy is slow or lacks the function: erf, sigmoid/SiLU, the fused exact GELU.
 
-float32 erf is evaluated in double precision from tables fitted on first use: a Taylor series for
+float32 erf is evaluated in double precision from shipped tables (erf_tables.py): a Taylor series for
 |x| < 0.25 (odd, so tiny and subnormal inputs keep full relative precision) and degree-11 Chebyshev
 interpolants of erf on 23 intervals of width 0.25 up to 6 (erf rounds to ±1 beyond). Every fit is
 within ~1e-15 of erf, so the float32 result is the correctly rounded erf: checked against
@@ -18,35 +18,20 @@ import numpy as np
 
 from rlx_format.numba_setup import numba
 
+from .erf_tables import DEG, HI, LO, POLYS_HEX, TAYLOR_HEX, TAYLOR_TERMS, WIDTH
 from .quant_kernels import parallel_call  # also selects numba's threading layer before any parallel ufunc runs
 
 PARALLEL_MIN_SIZE = 1 << 15
 
-_LO, _HI, _WIDTH, _DEG, _TAYLOR_TERMS = 0.25, 6.0, 0.25, 11, 10
+_LO, _HI, _WIDTH, _DEG, _TAYLOR_TERMS = LO, HI, WIDTH, DEG, TAYLOR_TERMS
 _INTERVALS = int(round((_HI - _LO) / _WIDTH))
-
-
-def _erf_tables() -> tuple[np.ndarray, np.ndarray]:
-    """(interval polynomials [n, DEG + 1] in t = (|x| - mid) / (WIDTH / 2), Taylor coefficients in x²)."""
-    from numpy.polynomial import chebyshev
-    from scipy.special import erf as reference  # the fit's reference values only
-
-    polys = np.zeros((_INTERVALS, _DEG + 1))
-    for k in range(_INTERVALS):
-        a = _LO + k * _WIDTH
-        cheb = chebyshev.Chebyshev.interpolate(reference, _DEG, domain=[a, a + _WIDTH])
-        mono = chebyshev.cheb2poly(cheb.coef)
-        polys[k, : len(mono)] = mono
-    taylor = np.array([(-1) ** j * 2 / math.sqrt(math.pi) / (math.factorial(j) * (2 * j + 1))
-                       for j in range(_TAYLOR_TERMS)])
-    return polys, taylor
 
 
 @functools.cache
 def _tables() -> tuple[np.ndarray, np.ndarray]:
-    """The erf tables, fitted on first use (the fit imports scipy.special: ~0.5 s that a model without
-    Erf/Gelu does not pay)."""
-    return _erf_tables()
+    """The shipped erf tables (scripts/fit_erf_tables.py fitted them) as float64 arrays."""
+    polys = np.array([[float.fromhex(v) for v in row] for row in POLYS_HEX])
+    return polys, np.array([float.fromhex(v) for v in TAYLOR_HEX])
 
 
 @numba.njit(cache=True, inline="always")
@@ -195,17 +180,23 @@ def _sigmoid_f32(x: np.ndarray, silu: bool) -> np.ndarray:
     return out.reshape(x.shape)
 
 
+def _sigmoid_wide(x: np.ndarray) -> np.ndarray:
+    """Sigmoid in x's own dtype (float64 and wider) without overflow: exp only ever sees -|x|."""
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+
+
 def sigmoid(x: np.ndarray) -> np.ndarray:
-    """1 / (1 + exp(-x)); float32 through the vectorized kernel above, other dtypes through scipy."""
-    if x.dtype != np.float32:
-        from scipy.special import expit
-        return expit(x)
-    return _sigmoid_f32(x, False)
+    """1 / (1 + exp(-x)); float32 (and float16, through float32) by the vectorized kernel above."""
+    if x.dtype == np.float32:
+        return _sigmoid_f32(x, False)
+    if x.dtype == np.float16:
+        return _sigmoid_f32(x.astype(np.float32), False).astype(np.float16)
+    return _sigmoid_wide(x)
 
 
 def silu(x: np.ndarray) -> np.ndarray:
     """x · sigmoid(x) in one pass; float32 results equal Mul(x, Sigmoid(x)) with the kernel above."""
-    if x.dtype != np.float32:
-        from scipy.special import expit
-        return x * expit(x)
-    return _sigmoid_f32(x, True)
+    if x.dtype == np.float32:
+        return _sigmoid_f32(x, True)
+    return x * sigmoid(x)

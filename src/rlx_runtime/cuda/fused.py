@@ -21,11 +21,6 @@ def source() -> str:
     return importlib.resources.files(__package__).joinpath("kernels.cu").read_text()
 
 
-def available(xp) -> bool:
-    """Custom kernels need real cupy (the CPU stand-in used by tests has no RawModule)."""
-    return hasattr(xp, "RawModule")
-
-
 def supports(encoding: str) -> bool:
     """Whether kernels.cu has a fused kernel for `encoding` (the codec names it); others take the tiled path."""
     return encoding in _ENTRY

@@ -10,25 +10,11 @@ from rlx_format.dtypes import bf16_words, compute_dtype, float_to_int
 
 from .registry import KERNELS, kernel, special
 
-def _erf(xp, x):
-    if xp is np:
-        from ..ufuncs import erf
-        return erf(x)
-    return special(xp).erf(x)  # pragma: no cover - GPU only
 
-
-def _sigmoid(xp, x):
-    if xp is np:
-        from ..ufuncs import sigmoid
-        return sigmoid(x)
-    return special(xp).expit(x)  # pragma: no cover - GPU only
-
-
-def _silu(xp, x):
-    if xp is np:
-        from ..ufuncs import silu
-        return silu(x)
-    return x * special(xp).expit(x)  # pragma: no cover - GPU only
+@kernel("Silu", backend="cpu")
+def _silu_cpu(xp, a, x):
+    from ..ufuncs import silu
+    return silu(x)  # one pass, no sigmoid temporary
 
 
 def _unary(name: str, fn):
@@ -47,12 +33,12 @@ _unary("Sin", lambda xp, x: xp.sin(x))
 _unary("Cos", lambda xp, x: xp.cos(x))
 _unary("Tan", lambda xp, x: xp.tan(x))
 _unary("Tanh", lambda xp, x: xp.tanh(x))
-_unary("Sigmoid", _sigmoid)
+_unary("Sigmoid", lambda xp, x: special(xp).expit(x))
 _unary("Relu", lambda xp, x: xp.maximum(x, x.dtype.type(0)))
-_unary("Silu", _silu)
+_unary("Silu", lambda xp, x: x * special(xp).expit(x))
 _unary("Softplus", lambda xp, x: xp.logaddexp(x.dtype.type(0), x))
 _unary("Softsign", lambda xp, x: x / (x.dtype.type(1) + xp.abs(x)))
-_unary("Erf", lambda xp, x: _erf(xp, x))
+_unary("Erf", lambda xp, x: special(xp).erf(x))
 _unary("Floor", lambda xp, x: xp.floor(x))
 _unary("Ceil", lambda xp, x: xp.ceil(x))
 _unary("Round", lambda xp, x: xp.round(x))  # half to even
@@ -91,10 +77,15 @@ def _gelu(xp, a, x):
     if a["approximate"] == "tanh":
         inner = t(math.sqrt(2.0 / math.pi)) * (x + t(0.044715) * x * x * x)
         return t(0.5) * x * (t(1) + xp.tanh(inner))
-    if xp is np:
-        from ..ufuncs import gelu_erf
-        return gelu_erf(x)
-    return t(0.5) * x * (t(1) + special(xp).erf(x / t(math.sqrt(2.0))))  # pragma: no cover - GPU only
+    return t(0.5) * x * (t(1) + special(xp).erf(x / t(math.sqrt(2.0))))
+
+
+@kernel("Gelu", backend="cpu")
+def _gelu_cpu(xp, a, x):
+    if a["approximate"] == "tanh":
+        return _gelu(xp, a, x)
+    from ..ufuncs import gelu_erf
+    return gelu_erf(x)  # one pass: the same float32 steps as the generic kernel
 
 
 @kernel("Clip")

@@ -9,6 +9,7 @@ import numpy as np
 
 from rlx_format.ops import window_count
 
+from ..backend import backend_of
 from .registry import KERNELS, kernel
 
 KERNELS["MatMul"] = lambda xp, a, x, y: xp.matmul(x, y)
@@ -48,7 +49,7 @@ _SCATTER_UFUNC = {"add": "add", "mul": "multiply", "max": "maximum", "min": "min
 
 def _scatter_reduce(xp, reduction: str, out, index: tuple, vals) -> None:
     """out[index] (op)= vals in place, repeated indices accumulating (numpy's ufunc.at semantics)."""
-    if xp is np:
+    if backend_of(xp).host_arrays:
         getattr(np, _SCATTER_UFUNC[reduction]).at(out, index, vals)
     elif reduction != "mul":
         import cupyx  # cupy's ufunc.at exists only for some ufuncs; these are the supported spellings

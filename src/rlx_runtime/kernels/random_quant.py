@@ -1,11 +1,13 @@
-"""Kernels: RNG ops (seeded once per plan) and the quantized ops (numba on CPU, rlx_runtime.cuda on GPU)."""
+"""Kernels: RNG ops (seeded once per plan) and the quantized ops (generic: rlx_runtime.packed; CPU overrides:
+numba kernels in quant_kernels.py; CUDA override: the fused GEMV of rlx_runtime.cuda)."""
 
 from __future__ import annotations
 
-import numpy as np
 
 from rlx_format.dtypes import compute_dtype
 
+from .. import packed as packed_blocks
+from ..backend import backend_of
 from .registry import kernel
 
 
@@ -23,41 +25,45 @@ def _runiform(xp, a):
 
 @kernel("Dequantize")
 def _dequantize(xp, a, packed):
-    if xp is np:
-        from ..quant_kernels import dequantize_cpu
-        return dequantize_cpu(packed, a["encoding"], a["shape"])
-    from ..cuda.blocks import dequantize_all
-    return dequantize_all(xp, packed, a["encoding"], a["shape"])
+    return packed_blocks.dequantize_all(xp, packed, a["encoding"], a["shape"])
+
+
+@kernel("Dequantize", backend="cpu")
+def _dequantize_cpu(xp, a, packed):
+    from ..quant_kernels import dequantize_cpu
+    return dequantize_cpu(packed, a["encoding"], a["shape"])
 
 
 @kernel("DequantGather")
 def _dequant_gather(xp, a, packed, idx):
     """Rows `idx` of a packed [N, K] table, dequantized: only the gathered rows are decoded."""
-    from ..cuda.blocks import dequant_gather  # array-module generic: the same code on CPU and GPU
-    return dequant_gather(xp, packed, idx, a["encoding"], a["K"])
+    return packed_blocks.dequant_gather(xp, packed, idx, a["encoding"], a["K"])
 
 
 @kernel("DequantMatMul")
 def _dequant_matmul(xp, a, x, packed):
-    if xp is np:
-        from ..quant_kernels import dequant_matmul
-        return dequant_matmul(x, packed, a["encoding"], a["N"], a["K"])
-    return _dequant_matmul_device(xp, a, x, packed)
+    """Row tiles of the weight dequantized into one buffer, then BLAS. The split (codes view + f32
+    scales) is made once per weight array."""
+    N, K = a["N"], a["K"]
+    split = a.get("_split")
+    if split is None or split.packed is not packed:
+        split = a["_split"] = packed_blocks.split(xp, packed, a["encoding"])
+    return packed_blocks.tiled_matmul(xp, x.reshape(-1, K), split, N, K).reshape(*x.shape[:-1], N)
 
 
-def _dequant_matmul_device(xp, a, x, packed):
-    """Small batches: fused kernel over the packed bytes. Otherwise: row tiles dequantized into one
-    buffer, then cuBLAS. The split (codes view + f32 scales) is made once per weight array."""
-    from ..cuda import blocks, fused
+@kernel("DequantMatMul", backend="cpu")
+def _dequant_matmul_cpu(xp, a, x, packed):
+    from ..quant_kernels import dequant_matmul
+    return dequant_matmul(x, packed, a["encoding"], a["N"], a["K"])
 
-    enc, N, K = a["encoding"], a["N"], a["K"]
-    lead = x.shape[:-1]
+
+@kernel("DequantMatMul", backend="cuda")
+def _dequant_matmul_cuda(xp, a, x, packed):
+    """Small batches: the fused kernel of kernels.cu over the packed bytes; otherwise the generic path."""
+    from ..cuda import fused
+
+    K = a["K"]
     x2 = x.reshape(-1, K)
-    if x2.shape[0] <= fused.FUSED_MAX_ROWS and fused.supports(enc) and fused.available(xp):
-        y = fused.gemv(xp, x2, packed, enc, N, K)
-    else:
-        split = a.get("_split")
-        if split is None or split.packed is not packed:
-            split = a["_split"] = blocks.split(xp, packed, enc)
-        y = blocks.tiled_matmul(xp, x2, split, N, K)
-    return y.reshape(*lead, N)
+    if x2.shape[0] <= fused.FUSED_MAX_ROWS and fused.supports(a["encoding"]) and backend_of(xp).fused_kernels:
+        return fused.gemv(xp, x2, packed, a["encoding"], a["N"], K).reshape(*x.shape[:-1], a["N"])
+    return _dequant_matmul(xp, a, x, packed)

@@ -33,7 +33,8 @@ from rlx_format.errors import RlxError
 from rlx_format.graph import Graph, Node, Value
 from rlx_format.ops import RANDOM_OPS
 
-from ..kernels import KERNELS, prepare_attrs
+from ..backend import CPU
+from ..kernels import prepare_attrs
 from ..plan import leaf_array
 
 KNOWN, PARAM, SHAPE, DYNAMIC = range(4)
@@ -281,10 +282,10 @@ def _evaluate(graph: Graph, nodes: dict[str, Node], order: dict[str, int], accep
         if n.op == "Shape":
             val = np.asarray(graph.types[n.inputs[0]].shape, np.int64)
         else:
-            args = [vals[i] if i in vals else leaf_array(np, consts[i].value, consts[i].dtype) for i in n.inputs]
+            args = [vals[i] if i in vals else leaf_array(CPU, consts[i].value, consts[i].dtype) for i in n.inputs]
             try:
                 with np.errstate(all="ignore"):  # IEEE results are the semantics, as at run time
-                    val = KERNELS[n.op](np, prepare_attrs(n.op, n.attrs), *args)
+                    val = CPU.kernel(n.op)(np, prepare_attrs(n.op, n.attrs), *args)
             except Exception as e:  # noqa: BLE001
                 raise RlxError(f"constant folding node {n.name!r} ({n.op}) failed: {type(e).__name__}: {e}") from e
         vals[n.name] = np.asarray(val)
@@ -292,7 +293,7 @@ def _evaluate(graph: Graph, nodes: dict[str, Node], order: dict[str, int], accep
             v = vals[n.name]
             v = f32_to_bf16(v) if t.dtype == "bf16" else np.require(v, dtype=NUMPY_DTYPES[t.dtype], requirements="C")
             consts[n.name] = Value(n.name, t.dtype, tuple(v.shape), v)
-            vals[n.name] = leaf_array(np, v, t.dtype)  # later readers see it as the runtime holds it
+            vals[n.name] = leaf_array(CPU, v, t.dtype)  # later readers see it as the runtime holds it
             if report is not None:
                 big = [k for k, c in accepted[n.name].leaves.items() if c.value.size > 1]
                 if len(big) == 1:  # remember where a weight-derived tensor came from (for readable names)

@@ -1,4 +1,5 @@
-"""Packed GGML blocks on an array module `xp` (cupy on a GPU; numpy in tests and for DequantGather on CPU).
+"""Packed GGML blocks on any array module `xp`: the generic Dequantize / DequantGather / DequantMatMul path
+(every backend; the CPU overrides the first and last with numba kernels from quant_kernels.py).
 
 A packed [N, nb * BYTES] weight is split once (rlx_format.quants.block_fields, from the codec
 registry: strided views of its codes and small f32 copies of its per-block scales); each forward then
