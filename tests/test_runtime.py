@@ -215,7 +215,8 @@ def test_importing_rlx_never_imports_cupy():
     import subprocess
     import sys
 
-    code = ("import sys, rlx_format, rlx_runtime, rlx_bake, rlx_runtime.packed, rlx_runtime.backend, rlx_runtime.cuda.fused; "
+    code = ("import sys, rlx_format, rlx_runtime, rlx_bake, rlx_runtime.packed, rlx_runtime.backend, "
+            "rlx_runtime.cuda.fused; "
             "assert 'cupy' not in sys.modules, 'cupy imported'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr

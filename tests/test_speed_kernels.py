@@ -163,8 +163,8 @@ def test_the_runtime_never_imports_scipy_and_sigmoid_alone_never_loads_the_erf_t
             "    y = Session().compile(g.build()).run({'x': v})['y']\n"
             "    e = np.array([__import__('math').erf(t) for t in v.ravel().tolist()]).reshape(4, 8)\n"
             "    s = 1 / (1 + np.exp(-v.astype(np.float64)))\n"
-            "    want = e + 0.5 * v * (1 + np.array([__import__('math').erf(t / 2 ** 0.5) for t in v.ravel()]).reshape(4, 8))"
-            " + s + v * s\n"
+            "    half = np.array([__import__('math').erf(t / 2 ** 0.5) for t in v.ravel()]).reshape(4, 8)\n"
+            "    want = e + 0.5 * v * (1 + half) + s + v * s\n"
             "    assert np.allclose(y, want, rtol=1e-5, atol=1e-6), (dt, abs(y - want).max())\n"
             "assert 'scipy' not in sys.modules\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
