@@ -20,13 +20,13 @@ def resolve_reshape(in_shape: tuple, target: list[int], allowzero: bool = False)
     return tuple(out)
 
 
-@kernel("Reshape")
+@kernel("Reshape", aliases=True)
 def _reshape(xp, a, x, shape=None):
     target = a["shape"] if shape is None else host_ints(xp, shape)
     return x.reshape(resolve_reshape(x.shape, target, bool(a["allowzero"])))
 
 
-@kernel("Transpose")
+@kernel("Transpose", aliases=True)
 def _transpose(xp, a, x):
     return xp.transpose(x, a["perm"])
 
@@ -36,7 +36,7 @@ def _concat(xp, a, *xs):
     return xp.concatenate(xs, axis=a["axis"])
 
 
-@kernel("Slice")
+@kernel("Slice", aliases=True)
 def _slice(xp, a, x, starts=None, ends=None):
     starts = a["starts"] if starts is None else host_ints(xp, starts)
     ends = a["ends"] if ends is None else host_ints(xp, ends)
@@ -68,18 +68,18 @@ def _tile(xp, a, x, reps=None):
     return xp.tile(x, tuple(a["repeats"] if reps is None else host_ints(xp, reps)))
 
 
-@kernel("Squeeze")
+@kernel("Squeeze", aliases=True)
 def _squeeze(xp, a, x):
     return xp.squeeze(x, axis=None if a["axes"] is None else tuple(a["axes"]))
 
 
-@kernel("Unsqueeze")
+@kernel("Unsqueeze", aliases=True)
 def _unsqueeze(xp, a, x):
     r = x.ndim + len(a["axes"])
     return xp.expand_dims(x, tuple(sorted(ax % r for ax in a["axes"])))
 
 
-@kernel("Flatten")
+@kernel("Flatten", aliases=True)
 def _flatten(xp, a, x):
     ax = a["axis"] % (x.ndim + 1) if a["axis"] < 0 else a["axis"]
     return x.reshape(math.prod(x.shape[:ax]), math.prod(x.shape[ax:]))
@@ -116,7 +116,7 @@ def _constant_of_shape(xp, a, shape=None):
     return xp.full(target, a["value"], dtype=compute_dtype(a["dtype"]))
 
 
-@kernel("DepthToSpace")
+@kernel("DepthToSpace", aliases=True)
 def _d2s(xp, a, x):
     n, c, h, w = x.shape
     b = a["blocksize"]

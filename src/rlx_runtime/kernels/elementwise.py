@@ -8,7 +8,7 @@ import numpy as np
 
 from rlx_format.dtypes import bf16_words, compute_dtype, float_to_int
 
-from .registry import KERNELS, kernel, special
+from .registry import kernel, register, special
 
 
 @kernel("Silu", backend="cpu")
@@ -17,24 +17,24 @@ def _silu_cpu(xp, a, x):
     return silu(x)  # one pass, no sigmoid temporary
 
 
-def _unary(name: str, fn):
-    KERNELS[name] = lambda xp, a, x: fn(xp, x)
+def _unary(name: str, fn, **facts):
+    register(name, lambda xp, a, x: fn(xp, x), **facts)
 
 
-_unary("Identity", lambda xp, x: x)
-_unary("Neg", lambda xp, x: -x)
-_unary("Abs", lambda xp, x: xp.abs(x))
-_unary("Exp", lambda xp, x: xp.exp(x))
+_unary("Identity", lambda xp, x: x, aliases=True)
+_unary("Neg", lambda xp, x: -x, inplace="negative")
+_unary("Abs", lambda xp, x: xp.abs(x), inplace="absolute")
+_unary("Exp", lambda xp, x: xp.exp(x), inplace="exp")
 _unary("Log", lambda xp, x: xp.log(x))
-_unary("Sqrt", lambda xp, x: xp.sqrt(x))
+_unary("Sqrt", lambda xp, x: xp.sqrt(x), inplace="sqrt")
 _unary("Rsqrt", lambda xp, x: x.dtype.type(1) / xp.sqrt(x))
 _unary("Reciprocal", lambda xp, x: x.dtype.type(1) / x)
-_unary("Sin", lambda xp, x: xp.sin(x))
-_unary("Cos", lambda xp, x: xp.cos(x))
+_unary("Sin", lambda xp, x: xp.sin(x), inplace="sin")
+_unary("Cos", lambda xp, x: xp.cos(x), inplace="cos")
 _unary("Tan", lambda xp, x: xp.tan(x))
-_unary("Tanh", lambda xp, x: xp.tanh(x))
+_unary("Tanh", lambda xp, x: xp.tanh(x), inplace="tanh")
 _unary("Sigmoid", lambda xp, x: special(xp).expit(x))
-_unary("Relu", lambda xp, x: xp.maximum(x, x.dtype.type(0)))
+_unary("Relu", lambda xp, x: xp.maximum(x, x.dtype.type(0)), inplace="relu")
 _unary("Silu", lambda xp, x: x * special(xp).expit(x))
 _unary("Softplus", lambda xp, x: xp.logaddexp(x.dtype.type(0), x))
 _unary("Softsign", lambda xp, x: x / (x.dtype.type(1) + xp.abs(x)))
@@ -88,7 +88,7 @@ def _gelu_cpu(xp, a, x):
     return gelu_erf(x)  # one pass: the same float32 steps as the generic kernel
 
 
-@kernel("Clip")
+@kernel("Clip", aliases=True)  # without bounds it returns its input
 def _clip(xp, a, x, lo=None, hi=None):
     lo = a["min"] if lo is None else lo
     hi = a["max"] if hi is None else hi
@@ -112,23 +112,23 @@ def _cast(xp, a, x):
     return x.astype(target)
 
 
-KERNELS["Add"] = lambda xp, a, x, y: x + y
-KERNELS["Sub"] = lambda xp, a, x, y: x - y
-KERNELS["Mul"] = lambda xp, a, x, y: x * y
-KERNELS["Max"] = lambda xp, a, x, y: xp.maximum(x, y)
-KERNELS["Min"] = lambda xp, a, x, y: xp.minimum(x, y)
-KERNELS["Pow"] = lambda xp, a, x, y: xp.power(x, y)
-KERNELS["Equal"] = lambda xp, a, x, y: x == y
-KERNELS["Less"] = lambda xp, a, x, y: x < y
-KERNELS["LessEqual"] = lambda xp, a, x, y: x <= y
-KERNELS["Greater"] = lambda xp, a, x, y: x > y
-KERNELS["GreaterEqual"] = lambda xp, a, x, y: x >= y
-KERNELS["And"] = lambda xp, a, x, y: xp.logical_and(x, y)
-KERNELS["Or"] = lambda xp, a, x, y: xp.logical_or(x, y)
-KERNELS["Where"] = lambda xp, a, c, x, y: xp.where(c, x, y)
+register("Add", lambda xp, a, x, y: x + y, inplace="add")
+register("Sub", lambda xp, a, x, y: x - y, inplace="subtract")
+register("Mul", lambda xp, a, x, y: x * y, inplace="multiply")
+register("Max", lambda xp, a, x, y: xp.maximum(x, y), inplace="maximum")
+register("Min", lambda xp, a, x, y: xp.minimum(x, y), inplace="minimum")
+register("Pow", lambda xp, a, x, y: xp.power(x, y))
+register("Equal", lambda xp, a, x, y: x == y)
+register("Less", lambda xp, a, x, y: x < y)
+register("LessEqual", lambda xp, a, x, y: x <= y)
+register("Greater", lambda xp, a, x, y: x > y)
+register("GreaterEqual", lambda xp, a, x, y: x >= y)
+register("And", lambda xp, a, x, y: xp.logical_and(x, y))
+register("Or", lambda xp, a, x, y: xp.logical_or(x, y))
+register("Where", lambda xp, a, c, x, y: xp.where(c, x, y))
 
 
-@kernel("Div")
+@kernel("Div", inplace="divide", inplace_floats_only=True)
 def _div(xp, a, x, y):
     if x.dtype.kind in "iu":  # integer division truncates toward zero (C / ONNX semantics)
         q = xp.abs(x) // xp.abs(y)
@@ -149,7 +149,7 @@ def _axes(a, x):
 
 
 def _reducer(name, fn):
-    KERNELS[name] = lambda xp, a, x: fn(xp, x, axis=_axes(a, x), keepdims=bool(a["keepdims"]))
+    register(name, lambda xp, a, x: fn(xp, x, axis=_axes(a, x), keepdims=bool(a["keepdims"])))
 
 
 _reducer("ReduceSum", lambda xp, x, **k: xp.sum(x, dtype=x.dtype, **k))
@@ -174,8 +174,8 @@ def _argk(fn_name):
     return k
 
 
-KERNELS["ArgMax"] = _argk("argmax")
-KERNELS["ArgMin"] = _argk("argmin")
+register("ArgMax", _argk("argmax"))
+register("ArgMin", _argk("argmin"))
 
 
 @kernel("Softmax")

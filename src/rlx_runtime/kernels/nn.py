@@ -10,9 +10,9 @@ import numpy as np
 from rlx_format.ops import window_count
 
 from ..backend import backend_of
-from .registry import KERNELS, kernel
+from .registry import kernel, register
 
-KERNELS["MatMul"] = lambda xp, a, x, y: xp.matmul(x, y)
+register("MatMul", lambda xp, a, x, y: xp.matmul(x, y))
 
 
 @kernel("Trilu")
@@ -103,7 +103,7 @@ def _topk(xp, a, x):
     return xp.take_along_axis(x, idx, axis=ax)
 
 
-@kernel("Einsum")
+@kernel("Einsum", aliases=True)  # numpy may return a view for one operand
 def _einsum(xp, a, *xs):
     return xp.einsum(a["equation"].replace(" ", ""), *xs, optimize=len(xs) > 1)
 

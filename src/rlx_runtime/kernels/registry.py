@@ -9,6 +9,7 @@ A Backend's `kernel(op)` picks. Semantics are those of spec/ops.md.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -22,15 +23,37 @@ KERNELS: dict[str, Kernel] = {}            # op -> generic kernel
 OVERRIDES: dict[str, dict[str, Kernel]] = {}  # backend name -> op -> kernel used there instead
 
 
-def kernel(*names: str, backend: str | None = None):
-    """Register the decorated function as the kernel of `names` (generic, or for one backend only)."""
-    table = KERNELS if backend is None else OVERRIDES.setdefault(backend, {})
+@dataclass(frozen=True)
+class KernelFacts:
+    """What generated code may assume about an op's result, stated where its kernel is registered (every
+    backend's kernel for the op must honour them)."""
 
+    aliases: bool = False       # the result may be input 0 itself or a view of it (never of another input)
+    inplace: str | None = None  # numpy ufunc that computes the op into a dying input 0 (`np.<ufunc>(*ins, out=)`)
+    inplace_floats_only: bool = False  # e.g. Div: np.divide is true division, so integer Div is never in place
+
+
+FACTS: dict[str, KernelFacts] = {}
+
+
+def kernel(*names: str, backend: str | None = None, **facts):
+    """Register the decorated function as the kernel of `names`: generic (with the op's KernelFacts), or
+    for one backend only (the facts stay those of the generic registration)."""
     def deco(fn):
         for n in names:
-            table[n] = fn
+            register(n, fn, backend=backend, **facts)
         return fn
     return deco
+
+
+def register(name: str, fn: Kernel, backend: str | None = None, **facts) -> None:
+    if backend is None:
+        KERNELS[name] = fn
+        FACTS[name] = KernelFacts(**facts)
+    elif facts:
+        raise ValueError(f"{name}: kernel facts belong to the generic registration, not backend {backend!r}")
+    else:
+        OVERRIDES.setdefault(backend, {})[name] = fn
 
 
 def host_ints(xp, a) -> list[int]:
@@ -55,6 +78,9 @@ def check_table() -> None:
     missing = sorted(set(OPS) - set(KERNELS))
     if missing:
         raise RlxError(f"ops without kernels: {missing}")
+    bad = sorted(op for op, f in FACTS.items() if f.aliases and f.inplace)
+    if bad:
+        raise RlxError(f"ops both aliasing their input and computed in place: {bad}")
     for name, table in OVERRIDES.items():
         stray = sorted(set(table) - set(OPS))
         if stray:
