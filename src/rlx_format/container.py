@@ -147,7 +147,7 @@ class RlxFile:
 
     def to_bytes(self) -> bytes:
         buf = io.BytesIO()
-        _write_stream(buf, self)
+        write_stream(buf, self)
         return buf.getvalue()
 
     def close(self) -> None:
@@ -196,7 +196,7 @@ def _graph_dict_for_file(rf: RlxFile) -> dict:
 _DIGEST_PLACEHOLDER = "0" * 16  # xxh3-64 hex digests always have 16 characters
 
 
-def _layout(rf: RlxFile, placeholder: bool = False) -> tuple[bytes, list[tuple[int, np.ndarray]]]:
+def file_layout(rf: RlxFile, placeholder: bool = False) -> tuple[bytes, list[tuple[int, np.ndarray]]]:
     """Header bytes and (offset, array) per tensor. Missing digests are computed here, or (placeholder)
     written as a same-length placeholder that the seekable writer patches after hashing while writing."""
     entries = []
@@ -226,11 +226,11 @@ def _layout(rf: RlxFile, placeholder: bool = False) -> tuple[bytes, list[tuple[i
         data_start = new_start
 
 
-def _write_stream(f: BinaryIO, rf: RlxFile, seekable: bool = False) -> None:
+def write_stream(f: BinaryIO, rf: RlxFile, seekable: bool = False) -> None:
     """Write the file. With a seekable `f`, missing digests are computed while the tensors are written
     (one read of each weight instead of two) and the header is patched in place afterwards."""
     missing = {name for name, w in rf.weights.items() if w.digest is None} if seekable else set()
-    header, tensors = _layout(rf, placeholder=bool(missing))
+    header, tensors = file_layout(rf, placeholder=bool(missing))
     f.write(RLXBAKE_MAGIC + struct.pack("<IQ", SCHEMA_VERSION, len(header)) + header)
     pos = PREAMBLE_BYTES + len(header)
     for name, (off, data) in zip(sorted(rf.weights), tensors):  # _layout lists tensors by sorted name
@@ -246,7 +246,7 @@ def _write_stream(f: BinaryIO, rf: RlxFile, seekable: bool = False) -> None:
         release_pages(data)
         pos = off + data.nbytes
     if missing:
-        final, _ = _layout(rf)
+        final, _ = file_layout(rf)
         if len(final) != len(header):  # cannot happen: digests are fixed-length strings
             raise FormatError("internal error: header length changed while patching digests")
         end = f.tell()
@@ -257,32 +257,21 @@ def _write_stream(f: BinaryIO, rf: RlxFile, seekable: bool = False) -> None:
 
 def write_rlx(path: str | os.PathLike, rf: RlxFile) -> None:
     """Write `rf` as a plaintext RLXBAKE1 v2 file, atomically. Same input -> same bytes."""
-    atomic_write(path, lambda f: _write_stream(f, rf, seekable=True))
+    atomic_write(path, lambda f: write_stream(f, rf, seekable=True))
 
 
 # ------------------------------------------------------------------------------------------- reader
 
 
-def read_rlx(path: str | os.PathLike, password: str | bytes | None = None, *, verify: bool = False,
-             mmap: bool = True) -> RlxFile:
-    """Open an .rlx file. Sealed files need `password`.
-
-    Digests are not checked unless `verify=True` (that reads every byte; see RlxFile.verify).
-    With `mmap=True` (default) the file is memory-mapped and weights are zero-copy views: the file
-    must not be truncated or rewritten in place while they are in use (the process would die of
-    SIGBUS); replace it by rename, as write_rlx does. `mmap=False` reads the file into memory
-    instead, for files on storage that others may rewrite.
-    """
+def read_plain(path: str | os.PathLike, *, verify: bool = False, mmap: bool = True) -> RlxFile:
+    """Open a plain RLXBAKE1 file (rlx_format.read_rlx is the public entry point: it also opens sealed ones)."""
     path = Path(path)
     with open_for_reading(path) as f:
         head = f.read(8)
         if head == RLXENC_MAGIC:
-            if password is None:
-                raise EncryptedFileError(
-                    f"{path}: file is encrypted (RLXENC01); pass password=... to read_rlx / use "
-                    "read_rlx_with_password, or --password-env VAR / --password-stdin on the CLI")
-            from .sealed import read_rlx_with_password
-            return read_rlx_with_password(path, password, verify=verify)
+            raise EncryptedFileError(
+                f"{path}: file is encrypted (RLXENC01); pass password=... to read_rlx, or --password-env VAR / "
+                "--password-stdin on the CLI")
         size = os.fstat(f.fileno()).st_size
         _check_preamble(head + f.read(PREAMBLE_BYTES - 8), size, str(path))
         buf = _map_file(f) if mmap else _read_whole(f, size, path)

@@ -20,7 +20,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from .constants import PREAMBLE_BYTES, RLXBAKE_MAGIC, RLXENC_MAGIC
-from .container import RlxFile, _layout, _write_stream, read_rlx_bytes
+from .container import RlxFile, file_layout, read_rlx_bytes, write_stream
 from .errors import DecryptError, FormatError, RlxError
 from .files import atomic_write, check_output_path, open_for_reading
 
@@ -184,7 +184,7 @@ class _SealingWriter:
 
 
 def _plaintext_size(rf: RlxFile) -> int:
-    header, tensors = _layout(rf)
+    header, tensors = file_layout(rf)
     end = PREAMBLE_BYTES + len(header)
     return max([end] + [off + data.nbytes for off, data in tensors])
 
@@ -198,7 +198,7 @@ def write_rlx_encrypted(path: str | os.PathLike, rf: RlxFile, password: str | by
 
     def write(f):
         w = _SealingWriter(f, h, key)
-        _write_stream(w, rf)
+        write_stream(w, rf)
         w.close()
 
     atomic_write(path, write, private=True)
@@ -258,8 +258,8 @@ def _open_sealed(path: str | os.PathLike, password) -> tuple:
     return f, h, key
 
 
-def read_rlx_with_password(path: str | os.PathLike, password: str | bytes, *, verify: bool = False) -> RlxFile:
-    """Decrypt a sealed .rlx into memory (one plaintext allocation) and parse it."""
+def read_sealed(path: str | os.PathLike, password: str | bytes, *, verify: bool = False) -> RlxFile:
+    """Decrypt a sealed .rlx into memory (one plaintext allocation) and parse it (read_rlx calls this)."""
     f, h, key = _open_sealed(path, password)
     with f:
         plain = bytearray(h.length)
@@ -269,6 +269,11 @@ def read_rlx_with_password(path: str | os.PathLike, password: str | bytes, *, ve
 
         _decrypt_chunks(f, h, key, sink)
     return read_rlx_bytes(plain, verify=verify, where=str(path))
+
+
+def read_rlx_with_password(path: str | os.PathLike, password: str | bytes, *, verify: bool = False) -> RlxFile:
+    """Kept for compatibility; `read_rlx(path, password=...)` is the one documented way."""
+    return read_sealed(path, password, verify=verify)
 
 
 def decrypt_file(src: str | os.PathLike, dst: str | os.PathLike, password: str | bytes) -> None:

@@ -2,7 +2,8 @@
 
 from .device import Device, to_host
 from .options import CompileOptions
-from .session import CompiledGraph, Session
+from .compiled import CompiledGraph
+from .session import Session
 
 __all__ = ["Session", "Device", "CompileOptions", "CompiledGraph", "to_host"]
 

@@ -87,6 +87,16 @@ def backend_of(xp) -> Backend:
     return b
 
 
+def host_ints(xp, a) -> list[int]:
+    """Values of a small integer tensor as Python ints (syncs on a device)."""
+    return [int(v) for v in np.asarray(backend_of(xp).to_host(a)).ravel()]
+
+
+def special(xp) -> Any:
+    """erf / expit for the arrays of `xp` (the backend's special functions)."""
+    return backend_of(xp).special
+
+
 def cuda_backend(index: int = 0) -> Backend:
     """cupy on GPU `index`, after checking that it imports and that the GPU exists. When the imported
     `cupy` lacks RawModule (the tests' CPU stand-in), the custom kernels are off and array ops run."""

@@ -19,6 +19,7 @@ from rlx_format.errors import RlxError
 from rlx_format.graph import Graph, Node, Value, unique_name
 
 from .backend import Backend
+from .compiled import CompiledGraph
 from .options import CompileOptions
 from .passes.evaluate import PARAM, SHAPE, binding_times, boundaries, closure, reads
 from .pecache import PECache, PECacheKey
@@ -112,8 +113,6 @@ class HoistedGraph:
     half, itself a CompiledGraph, every forward (tests check that the public attributes match)."""
 
     def __init__(self, split: HoistSplit, backend: Backend, options: CompileOptions, report=None):
-        from .session import CompiledGraph
-
         self.split = split
         self.backend = backend
         self.device = backend.device

@@ -10,7 +10,7 @@ from rlx_format.dtypes import dtype_of_array
 from rlx_format.errors import GraphError, RlxError
 from rlx_format.graph import Graph, Value
 
-from ..loader import WeightSet
+from ..weights import WeightSet
 from . import lower_control, lower_math, lower_nn, lower_qint, lower_rnn, lower_shape  # noqa: F401 - fill LOWER
 from .context import _attrs, _Ctx, _DTYPES, LOWER, onnx, Unsupported
 

@@ -10,7 +10,8 @@ from rlx_format.dtypes import compute_dtype
 from rlx_format.ops import slice_bounds
 from rlx_format.ops.infer_shape import range_length
 
-from .registry import host_ints, kernel
+from ..backend import host_ints
+from .registry import kernel
 
 def resolve_reshape(in_shape: tuple, target: list[int], allowzero: bool = False) -> tuple:
     out = [in_shape[i] if d == 0 and not allowzero else d for i, d in enumerate(target)]

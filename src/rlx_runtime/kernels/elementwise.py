@@ -8,7 +8,8 @@ import numpy as np
 
 from rlx_format.dtypes import bf16_words, compute_dtype, float_to_int
 
-from .registry import kernel, register, special
+from ..backend import special
+from .registry import kernel, register
 
 
 @kernel("Silu", backend="cpu")

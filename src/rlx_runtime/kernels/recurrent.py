@@ -13,7 +13,8 @@ import numpy as np
 
 from rlx_format.ops.infer_rnn import DEFAULT_ACTIVATIONS, GATES, STATES
 
-from .registry import host_ints, kernel, special
+from ..backend import host_ints, special
+from .registry import kernel
 
 # activation -> (uses alpha, uses beta, default alpha, default beta)
 _PARAMS = {"LeakyRelu": (True, False, 0.01, 0.0), "ThresholdedRelu": (True, False, 1.0, 0.0),

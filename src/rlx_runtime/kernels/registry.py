@@ -16,8 +16,6 @@ import numpy as np
 from rlx_format.errors import RlxError
 from rlx_format.ops import OPS
 
-from ..backend import backend_of
-
 Kernel = Callable[..., object]
 KERNELS: dict[str, Kernel] = {}            # op -> generic kernel
 OVERRIDES: dict[str, dict[str, Kernel]] = {}  # backend name -> op -> kernel used there instead
@@ -54,16 +52,6 @@ def register(name: str, fn: Kernel, backend: str | None = None, **facts) -> None
         raise ValueError(f"{name}: kernel facts belong to the generic registration, not backend {backend!r}")
     else:
         OVERRIDES.setdefault(backend, {})[name] = fn
-
-
-def host_ints(xp, a) -> list[int]:
-    """Values of a small integer tensor as Python ints (syncs on a device)."""
-    return [int(v) for v in np.asarray(backend_of(xp).to_host(a)).ravel()]
-
-
-def special(xp):
-    """erf / expit for the arrays of `xp` (the backend's special functions)."""
-    return backend_of(xp).special
 
 
 def prepare_attrs(op: str, attrs: dict) -> dict:
