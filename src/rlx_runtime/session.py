@@ -40,12 +40,18 @@ class Session:
         """The array module graphs run on (numpy, or cupy on CUDA)."""
         return self.backend.xp
 
-    def compile(self, graph_or_file) -> CompiledGraph:
-        return self.compile_with(graph_or_file, CompileOptions(optimize=False))
+    def compile(self, graph_or_file, options: CompileOptions | None = None) -> CompiledGraph:
+        """Plan a Graph or an RlxFile (from read_rlx) for this session's device.
 
-    def compile_with(self, graph_or_file, options: CompileOptions | None = None):
+        `options` (CompileOptions(), by default) chooses what happens first: simplify/fold/DCE, binding
+        weights as constants, hoisting weight-only work, unpacking quantized weights, profiling. Returns a
+        CompiledGraph (or a HoistedGraph, same interface, when hoisting applies)."""
         with self.backend.scope():  # constants are uploaded to this GPU
             return self._compile(graph_or_file, options or CompileOptions())
+
+    def compile_with(self, graph_or_file, options: CompileOptions | None = None) -> CompiledGraph:
+        """The same as compile(graph_or_file, options); kept for compatibility."""
+        return self.compile(graph_or_file, options)
 
     def _compile(self, graph_or_file, options: CompileOptions):
         graph = _as_graph(graph_or_file)
