@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlx_format.codecs import get_codec
-from rlx_format.quants import block_fields, dequantize_fields
 
 TILE_BYTES = 16 << 20  # f32 tile buffer per DequantMatMul call: 16 MiB (1024 rows at K = 4096)
 
@@ -28,11 +27,13 @@ class SplitWeight:
 
 
 def split(xp, packed, encoding: str) -> SplitWeight:
+    from rlx_format.quants import block_fields  # quants loads numba: only when a quantized op runs
     return SplitWeight(packed, encoding, block_fields(xp, packed.reshape(-1, packed.shape[-1]), encoding))
 
 
 def dequantize_rows(xp, w: SplitWeight, r0: int, r1: int, out) -> object:
     """Rows r0:r1 of the weight, dequantized into `out` (f32 [r1 - r0, K], contiguous)."""
+    from rlx_format.quants import dequantize_fields
     return dequantize_fields(xp, tuple(f[r0:r1] for f in w.fields), w.encoding, out)
 
 
