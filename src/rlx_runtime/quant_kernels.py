@@ -8,6 +8,7 @@ tile (TILE_ROWS x K floats), not the N x K weight.
 
 from __future__ import annotations
 
+import math
 import threading
 
 import numpy as np
