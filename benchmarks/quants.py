@@ -1,7 +1,7 @@
 """Quant codecs and DequantMatMul.
 
 - quantize throughput vs gguf.quants.quantize (the reference), same array: goal rlx >= 3x faster
-  (time ratio <= 0.333x);
+  (time ratio <= 0.333x); types gguf cannot quantize (Q4_K, Q5_K, Q6_K) print rlx's MB/s only;
 - Q8_0 DequantMatMul vs an f32 numpy matmul with the same 4096x4096 weight: batch 1 goal <= 1.0x,
   batch 32 goal <= 2.0x.
 """
@@ -26,7 +26,13 @@ def main() -> list[Row]:
     w = r.standard_normal((4096, 4096)).astype(np.float32)
     for codec in CODECS.values():  # every registered type
         qt = T[codec.ggml]
-        assert np.array_equal(quantize(w[:64], codec.name), gq.quantize(w[:64], qt))
+        try:
+            ref = gq.quantize(w[:64], qt)
+        except NotImplementedError:  # gguf-py has no quantizer (the K-quants): our speed, as information
+            t_rlx = best_of(lambda codec=codec: quantize(w, codec.name), repeat=3)
+            print(f"quantize {codec.ggml} 4096x4096: {w.nbytes / t_rlx / 1e6:.1f} MB/s of f32 input (no reference)")
+            continue
+        assert np.array_equal(quantize(w[:64], codec.name), ref)
         t_rlx = best_of(lambda codec=codec: quantize(w, codec.name), repeat=3)
         t_ref = best_of(lambda qt=qt: gq.quantize(w, qt), repeat=3)
         rows.append(Row("quants", f"quantize {codec.ggml} 4096x4096 (64 MiB f32)", t_rlx, t_ref, "gguf.quants",

@@ -18,6 +18,18 @@ R = np.random.default_rng(23)
 NAMES = list(CODECS)
 
 
+def _gguf_quantizes(enc: str) -> bool:
+    """gguf-py has no quantizer for some types (the K-quants): their bytes are checked in test_kquants.py."""
+    try:
+        gq.quantize(np.zeros((1, CODECS[enc].block), np.float32), T[CODECS[enc].ggml])
+    except NotImplementedError:
+        return False
+    return True
+
+
+ORACLE_NAMES = [e for e in NAMES if _gguf_quantizes(e)]
+
+
 def _edge_cases(block: int):
     """Blocks where the layouts' rounding rules differ: truncation ties, sign of the largest value,
     signed zeros, constant blocks (max == min), one-signed blocks, wide ranges."""
@@ -47,7 +59,7 @@ def _edge_cases(block: int):
     yield "many_ternary", R.integers(-1, 2, (64, 4096)).astype(np.float32)  # every TQ1_0 byte value, w.h.p.
 
 
-CASES = [(enc, name, x) for enc in NAMES for name, x in _edge_cases(CODECS[enc].block)]
+CASES = [(enc, name, x) for enc in ORACLE_NAMES for name, x in _edge_cases(CODECS[enc].block)]
 
 
 @pytest.mark.parametrize("enc,name,x", CASES, ids=[f"{e}-{n}" for e, n, _ in CASES])

@@ -23,22 +23,23 @@ def _graph(k=64, n=32):
 
 
 def test_quant_types_are_the_lossy_codecs():
-    assert set(QUANT_TYPES) == {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "mxfp4"}
+    assert set(QUANT_TYPES) == {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "mxfp4", "q4_k", "q5_k", "q6_k"}
 
 
 @pytest.mark.parametrize("qt", QUANT_TYPES)
 def test_every_quant_type_bakes_runs_and_reports(qt):
-    w = {"w": f32(64, 32)}
-    rf, rep = bake(_graph(), w, BakeOptions.from_profile("size", quant_type=qt))
     c = BY_SHORT[qt]
+    k = max(64, c.block)  # K a multiple of the block (the K-quants: 256)
+    w = {"w": f32(k, 32)}
+    rf, rep = bake(_graph(k), w, BakeOptions.from_profile("size", quant_type=qt))
     assert rep.quant == ["w"] and rep.quant_type == qt
     (wr,) = rep.weights
     assert wr.encoding == c.name and wr.note == f"lossy {c.ggml}" and wr.name == f"w.{qt}"
-    assert wr.bytes_after == 32 * 2 * c.nbytes
+    assert wr.bytes_after == 32 * k // c.block * c.nbytes
     back = dequantize(rf.weights[wr.name].data, c.name)
     assert wr.max_abs_err == pytest.approx(float(np.abs(back - w["w"].T).max()))
     assert 0 < wr.max_abs_err < 0.25 * float(np.abs(w["w"]).max()) and wr.cosine > 0.99
-    X = f32(10, 64)
+    X = f32(10, k)
     np.testing.assert_allclose(run_baked(rf, {"x": X})["y"], X @ back.T, rtol=1e-4, atol=1e-4)
     assert rf.meta["bake"]["quant_type"] == qt
 

@@ -23,7 +23,8 @@ class Codec:
     block: int                   # elements per block
     nbytes: int                  # bytes per block
     scale_offsets: tuple         # byte offsets of the block's fp16 scales (d first, then m where there is one;
-                                 # none for MXFP4, whose E8M0 scale byte the kernel writes)
+                                 # none where the kernel writes the scale bytes: MXFP4's E8M0 byte, and the
+                                 # K-quants, whose codes come from the fp16-rounded scales)
     kernel: str                  # quants.py numba kernel: (blocks f32 [nb, block], scales f32 [nb, S], out u8)
     fields: Callable             # (xp, b u8 [R, nb, nbytes]) -> tuple of per-row arrays [R, nb, ...]
     decode: Callable             # (xp, fields, out f32 [R, nb, block]) -> None
@@ -172,6 +173,68 @@ def _mxfp4_decode(xp, f, out):
     xp.multiply(v, f[1].reshape(*f[1].shape, 1), out=out.reshape(v.shape))
 
 
+# K-quants: super-blocks of 256 values in sub-blocks, each with its own scale (and min) relative to fp16 d (dmin)
+
+
+def _k_fields(xp, b):
+    """Q4_K / Q5_K: d, dmin, the 12 bytes of 6-bit sub-block scales and mins, and the rest (qh, qs)."""
+    return _scale(xp, b, 0), _scale(xp, b, 2), b[:, :, 4:16], b[:, :, 16:]
+
+
+def _k_scales(xp, d, dmin, s):
+    """d * scale and dmin * min of the 8 sub-blocks, f32 [R, nb, 8, 1]. Sub-block j < 4: scale = low 6 bits of
+    byte j, min = of byte j + 4; j >= 4: the low / high nibble of byte j + 4, the top 2 bits from bits 6..7 of
+    byte j - 4 (scale) and byte j (min)."""
+    lo, mid, hi = s[:, :, 0:4], s[:, :, 4:8], s[:, :, 8:12]
+    sc = xp.concatenate([lo & 63, (hi & 15) | ((lo >> 6) << 4)], axis=2)
+    mn = xp.concatenate([mid & 63, (hi >> 4) | ((mid >> 6) << 4)], axis=2)
+    return (xp.multiply(d, sc, dtype=xp.float32)[..., None], xp.multiply(dmin, mn, dtype=xp.float32)[..., None])
+
+
+def _k_nibbles(xp, qs):
+    """u8 [R, nb, 128] -> codes u8 [R, nb, 8, 32]: chunk c of 32 bytes holds sub-block 2c in its low nibbles and
+    2c + 1 in its high ones."""
+    shifts = xp.arange(0, 8, 4, dtype=xp.uint8).reshape(1, 1, 1, 2, 1)
+    return ((qs.reshape(qs.shape[0], qs.shape[1], 4, 1, 32) >> shifts) & 15).reshape(qs.shape[0], qs.shape[1], 8, 32)
+
+
+def _q4_k_decode(xp, f, out):
+    d1, m1 = _k_scales(xp, f[0], f[1], f[2])
+    q = _k_nibbles(xp, f[3])
+    o = out.reshape(q.shape)
+    xp.multiply(q.astype(xp.float32), d1, out=o)
+    xp.subtract(o, m1, out=o)
+
+
+def _q5_k_decode(xp, f, out):
+    d1, m1 = _k_scales(xp, f[0], f[1], f[2])
+    rest = f[3]
+    rows, nb = rest.shape[:2]
+    shifts = xp.arange(8, dtype=xp.uint8).reshape(1, 1, 8, 1)
+    high = (rest[:, :, :32].reshape(rows, nb, 1, 32) >> shifts) & 1  # bit j of qh[i]: element i of sub-block j
+    q = _k_nibbles(xp, rest[:, :, 32:]) | (high << 4)
+    o = out.reshape(q.shape)
+    xp.multiply(q.astype(xp.float32), d1, out=o)
+    xp.subtract(o, m1, out=o)
+
+
+def _q6_k_fields(xp, b):
+    return b[:, :, :128], b[:, :, 128:192], b[:, :, 192:208].view(xp.int8), _scale(xp, b, 208)
+
+
+def _q6_k_decode(xp, f, out):
+    # element 128h + 32k + i (h < 2, k < 4, i < 32): low 4 bits from nibble k >> 1 of ql[64h + 32(k & 1) + i],
+    # high 2 bits from bits 2k..2k+1 of qh[32h + i]; code - 32, times d * scale[element // 16]
+    ql, qh, sc, d = f
+    rows, nb = ql.shape[:2]
+    nib = xp.arange(0, 8, 4, dtype=xp.uint8).reshape(1, 1, 1, 2, 1, 1)
+    low = ((ql.reshape(rows, nb, 2, 1, 2, 32) >> nib) & 15).reshape(rows, nb, 2, 4, 32)
+    pairs = xp.arange(0, 8, 2, dtype=xp.uint8).reshape(1, 1, 1, 4, 1)
+    high = (qh.reshape(rows, nb, 2, 1, 32) >> pairs) & 3
+    q = xp.subtract(low | (high << 4), 32, dtype=xp.float32).reshape(rows, nb, 16, 16)
+    xp.multiply(xp.multiply(d, sc, dtype=xp.float32)[..., None], q, out=out.reshape(q.shape))
+
+
 CODECS: dict[str, Codec] = {c.name: c for c in (
     Codec("gguf_q8_0", "Q8_0", 32, 34, (0,), "_q8_0_blocks", _q8_0_fields, _q8_0_decode,
           cpu_fused="q8_0_fused", cpu_rows="q8_0_rows", cuda_gemv="rlx_q8_0_gemv"),
@@ -189,6 +252,9 @@ CODECS: dict[str, Codec] = {c.name: c for c in (
           cpu_fused="tq1_0_fused", cpu_block="_dec_tq1_0"),
     Codec("gguf_tq2_0", "TQ2_0", 256, 66, (64,), "_tq2_0_blocks", _tq2_0_fields, _tq2_0_decode, ternary=True,
           cpu_fused="tq2_0_fused", cpu_rows="tq2_0_rows", cuda_gemv="rlx_tq2_0_gemv"),
+    Codec("gguf_q4_k", "Q4_K", 256, 144, (), "_q4_k_blocks", _k_fields, _q4_k_decode, cpu_block="_dec_q4_k"),
+    Codec("gguf_q5_k", "Q5_K", 256, 176, (), "_q5_k_blocks", _k_fields, _q5_k_decode, cpu_block="_dec_q5_k"),
+    Codec("gguf_q6_k", "Q6_K", 256, 210, (), "_q6_k_blocks", _q6_k_fields, _q6_k_decode, cpu_block="_dec_q6_k"),
 )}
 BY_SHORT: dict[str, Codec] = {c.short: c for c in CODECS.values()}
 

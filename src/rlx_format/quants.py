@@ -266,6 +266,300 @@ def _mxfp4_blocks(x, s, out):  # e = floor(log2(amax)) + 125, then the nearest c
                 out[b, 1 + j - 16] |= np.uint8(idx << 4)
 
 
+# ----------------------------------------------------------------------------------------- K-quants
+# Super-blocks of 256 in sub-blocks with 6-bit (Q4_K, Q5_K) or int8 (Q6_K) scales relative to fp16 super-scales,
+# chosen by GGML's weighted least-squares search (make_qkx2_quants / make_qx_quants). Every expression keeps
+# the reference's float32 operation order, with no multiply-add contraction; the fp16 rounding of d and dmin is
+# done here because the codes are computed from the rounded scales. Division is IEEE (error_model "numpy"):
+# a zero or subnormal range gives Inf or NaN as in C, never an exception.
+_F32 = np.float32(32.0)
+_F63 = np.float32(63.0)
+_F01 = np.float32(0.1)
+_FM128K = np.float32(-128.0)
+_GROUP_EPS = np.float32(1e-15)
+_NEAREST_MAX = np.float32(4194303.0)
+_HALF_MAX = 65520.0  # fp16 rounds this and above to Inf
+
+
+@numba.njit(cache=True, inline="always", error_model="numpy")
+def _nearest(v):
+    """The reference's nearest_int (a float magic-number trick): v rounded half to even. Defined where the trick
+    is not (the reference asserts |v| <= 2^22 - 1): NaN gives 0 (what the trick gives for a default NaN),
+    anything beyond saturates at +-(2^22 - 1); callers clamp to the code range."""
+    if abs(v) <= _NEAREST_MAX:
+        return np.int64(np.rint(v))
+    if v != v:
+        return np.int64(0)
+    return np.int64(4194303) if v > _F0 else np.int64(-4194303)
+
+
+@numba.njit(cache=True, inline="always", error_model="numpy")
+def _fp16(f):
+    """float32 -> (fp16 bits, the fp16 value as float32), rounded to nearest even as GGML_FP32_TO_FP16."""
+    a = abs(np.float64(f))
+    sign = 0x8000 if f < _F0 or (f == _F0 and math.copysign(1.0, f) < 0) else 0
+    if a != a:
+        return np.int64(0x7E00), np.float32(np.nan)
+    if a >= _HALF_MAX:
+        bits = 0x7C00
+        val = np.float32(np.inf)
+    elif a < 2.0 ** -14:  # subnormal: multiples of 2^-24 (scaling by 2^24 is exact)
+        m = np.rint(a * 2.0 ** 24)
+        bits = np.int64(m)
+        val = np.float32(m * 2.0 ** -24)
+    else:
+        e = math.frexp(a)[1] - 1  # a in [2^e, 2^(e+1))
+        m = np.rint(math.ldexp(a, 10 - e))  # 1024..2048; 2048 carries into the exponent below
+        bits = np.int64((e + 15) << 10) + np.int64(m) - 1024
+        val = np.float32(math.ldexp(m, e - 10))
+    return bits | sign, (-val if sign else val)
+
+
+@numba.njit(cache=True, inline="always", error_model="numpy")
+def _put_fp16(out, b, at, bits):
+    out[b, at] = np.uint8(bits & 0xFF)
+    out[b, at + 1] = np.uint8((bits >> 8) & 0xFF)
+
+
+@numba.njit(cache=True, inline="always", error_model="numpy")
+def _clampi(v, lo, hi):
+    return min(max(v, lo), hi)
+
+
+@numba.njit(cache=True, inline="always", error_model="numpy")
+def _qkx2(x, b, o, w, nmax, rmin, rdelta, nstep, L, laux):
+    """make_qkx2_quants on the 32 values x[b, o:o+32] with weights w: codes (0..nmax) into L[o:o+32];
+    returns (scale, m) with value ~ scale * code - m (m >= 0)."""
+    mn = x[b, o]
+    mx = x[b, o]
+    sum_w = w[0]
+    sum_x = sum_w * x[b, o]
+    for i in range(1, 32):
+        v = x[b, o + i]
+        if v < mn:
+            mn = v
+        if v > mx:
+            mx = v
+        sum_w += w[i]
+        sum_x += w[i] * v
+    if mn > _F0:
+        mn = _F0
+    if mx == mn:
+        for i in range(32):
+            L[o + i] = 0
+        return _F0, -mn
+    fn = np.float32(nmax)
+    iscale = fn / (mx - mn)
+    scale = _F1 / iscale
+    best = _F0
+    for i in range(32):
+        q = _clampi(_nearest(iscale * (x[b, o + i] - mn)), 0, nmax)
+        L[o + i] = q
+        diff = scale * np.float32(q) + mn - x[b, o + i]
+        best += w[i] * (diff * diff)
+    for s in range(nstep + 1):
+        iscale = (rmin + rdelta * np.float32(s) + fn) / (mx - mn)
+        sl = _F0
+        sl2 = _F0
+        sxl = _F0
+        for i in range(32):
+            q = _clampi(_nearest(iscale * (x[b, o + i] - mn)), 0, nmax)
+            laux[i] = q
+            wl = w[i] * np.float32(q)
+            sl += wl
+            sl2 += wl * np.float32(q)
+            sxl += wl * x[b, o + i]
+        det = sum_w * sl2 - sl * sl
+        if det > _F0:
+            this_scale = (sum_w * sxl - sum_x * sl) / det
+            this_min = (sl2 * sum_x - sl * sxl) / det
+            if this_min > _F0:
+                this_min = _F0
+                this_scale = sxl / sl2
+            mad = _F0
+            for i in range(32):
+                diff = this_scale * np.float32(laux[i]) + this_min - x[b, o + i]
+                mad += w[i] * (diff * diff)
+            if mad < best:
+                for i in range(32):
+                    L[o + i] = laux[i]
+                best = mad
+                scale = this_scale
+                mn = this_min
+    return scale, -mn
+
+
+@numba.njit(cache=True, inline="always", error_model="numpy")
+def _k_scale_min(out, b, j):
+    """The 6-bit scale and min of sub-block j from the 12 bytes at 4..16 (GGML's get_scale_min_k4)."""
+    s = 4
+    if j < 4:
+        return np.int64(out[b, s + j] & 63), np.int64(out[b, s + j + 4] & 63)
+    return (np.int64((out[b, s + j + 4] & 15) | ((out[b, s + j - 4] >> 6) << 4)),
+            np.int64((out[b, s + j + 4] >> 4) | ((out[b, s + j] >> 6) << 4)))
+
+
+@numba.njit(cache=True, inline="always", error_model="numpy")
+def _k_superblock(x, b, out, nmax, rmin, rdelta, nstep, L, laux, w, sc, mins):
+    """Q4_K / Q5_K except the code packing: d, dmin (bytes 0..4), the 6-bit scales and mins (4..16) and the
+    codes 0..nmax of the 256 values into L."""
+    max_scale = _F0
+    max_min = _F0
+    for j in range(8):
+        o = 32 * j
+        sum_x2 = _F0
+        for i in range(32):
+            sum_x2 += x[b, o + i] * x[b, o + i]
+        av_x = np.sqrt(sum_x2 / _F32)
+        for i in range(32):
+            w[i] = av_x + abs(x[b, o + i])
+        sc[j], mins[j] = _qkx2(x, b, o, w, nmax, rmin, rdelta, nstep, L, laux)
+        if sc[j] > max_scale:
+            max_scale = sc[j]
+        if mins[j] > max_min:
+            max_min = mins[j]
+    inv_scale = _F63 / max_scale if max_scale > _F0 else _F0
+    inv_min = _F63 / max_min if max_min > _F0 else _F0
+    for j in range(8):
+        # the reference stores nearest_int in a uint8_t (mod 256), then takes the MIN with 63
+        ls = min(63, _nearest(inv_scale * sc[j]) & 0xFF)
+        lm = min(63, _nearest(inv_min * mins[j]) & 0xFF)
+        if j < 4:
+            out[b, 4 + j] = np.uint8(ls)
+            out[b, 8 + j] = np.uint8(lm)
+        else:  # low 4 bits in byte 8 + j (scale low, min high), top 2 bits in bits 6..7 of bytes j - 4 and j
+            out[b, 8 + j] = np.uint8((ls & 15) | ((lm & 15) << 4))
+            out[b, j] |= np.uint8((ls >> 4) << 6)
+            out[b, 4 + j] |= np.uint8((lm >> 4) << 6)
+    dbits, d = _fp16(max_scale / _F63)
+    mbits, dmin = _fp16(max_min / _F63)
+    _put_fp16(out, b, 0, dbits)
+    _put_fp16(out, b, 2, mbits)
+    for j in range(8):
+        s, m = _k_scale_min(out, b, j)
+        dj = d * np.float32(s)
+        if dj == _F0:  # the reference's `if (!d) continue`: keep the search's codes (NaN goes on)
+            continue
+        dm = dmin * np.float32(m)
+        for i in range(32):
+            L[32 * j + i] = _clampi(_nearest((x[b, 32 * j + i] + dm) / dj), 0, nmax)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _q4_k_blocks(x, s, out):  # d, dmin @0, 6-bit scales/mins @4..16, qs @16..144
+    L = np.zeros(256, np.int64)
+    laux = np.zeros(32, np.int64)
+    w = np.empty(32, np.float32)
+    sc = np.empty(8, np.float32)
+    mins = np.empty(8, np.float32)
+    for b in range(x.shape[0]):
+        out[b, 4:16] = 0
+        _k_superblock(x, b, out, 15, np.float32(-1.0), _F01, 20, L, laux, w, sc, mins)
+        for c in range(4):  # chunk c of 64: sub-block 2c in the low nibbles, 2c + 1 in the high
+            for i in range(32):
+                out[b, 16 + 32 * c + i] = np.uint8(L[64 * c + i] | (L[64 * c + 32 + i] << 4))
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _q5_k_blocks(x, s, out):  # d, dmin @0, scales/mins @4..16, qh @16..48 (bit j: sub-block j), qs @48..176
+    L = np.zeros(256, np.int64)
+    laux = np.zeros(32, np.int64)
+    w = np.empty(32, np.float32)
+    sc = np.empty(8, np.float32)
+    mins = np.empty(8, np.float32)
+    for b in range(x.shape[0]):
+        out[b, 4:48] = 0
+        _k_superblock(x, b, out, 31, np.float32(-0.5), _F01, 15, L, laux, w, sc, mins)
+        for c in range(4):
+            for i in range(32):
+                lo = L[64 * c + i]
+                hi = L[64 * c + 32 + i]
+                out[b, 16 + i] |= np.uint8(((lo >> 4) << (2 * c)) | ((hi >> 4) << (2 * c + 1)))
+                out[b, 48 + 32 * c + i] = np.uint8((lo & 15) | ((hi & 15) << 4))
+
+
+@numba.njit(cache=True, inline="always", error_model="numpy")
+def _qx(x, b, o, nmax, L):
+    """make_qx_quants (16 values at x[b, o:], weights x^2): codes l + nmax (l in -nmax..nmax-1) into L[o:];
+    returns the scale (value ~ scale * l)."""
+    mx = _F0
+    amax = _F0
+    for i in range(16):
+        ax = abs(x[b, o + i])
+        if ax > amax:
+            amax = ax
+            mx = x[b, o + i]
+    if amax < _GROUP_EPS:
+        for i in range(16):
+            L[o + i] = 0
+        return _F0
+    fn = np.float32(nmax)
+    iscale = -fn / mx
+    sumlx = _F0
+    suml2 = _F0
+    for i in range(16):
+        v = x[b, o + i]
+        q = _clampi(_nearest(iscale * v), -nmax, nmax - 1)
+        L[o + i] = q + nmax
+        w = v * v
+        sumlx += w * v * np.float32(q)
+        suml2 += w * np.float32(q) * np.float32(q)
+    scale = sumlx / suml2 if suml2 != _F0 else _F0
+    best = scale * sumlx
+    for k in range(-9, 10):
+        if k == 0:
+            continue
+        iscale = -(fn + _F01 * np.float32(k)) / mx
+        sumlx = _F0
+        suml2 = _F0
+        for i in range(16):
+            v = x[b, o + i]
+            q = np.float32(_clampi(_nearest(iscale * v), -nmax, nmax - 1))
+            sumlx += v * v * v * q
+            suml2 += v * v * q * q
+        if suml2 > _F0 and sumlx * sumlx > best * suml2:
+            for i in range(16):
+                L[o + i] = _clampi(_nearest(iscale * x[b, o + i]), -nmax, nmax - 1) + nmax
+            scale = sumlx / suml2
+            best = scale * sumlx
+    return scale
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _q6_k_blocks(x, s, out):  # ql @0..128, qh @128..192, int8 scales @192..208, d @208
+    L = np.zeros(256, np.int64)
+    sc = np.empty(16, np.float32)
+    for b in range(x.shape[0]):
+        out[b, :] = 0
+        max_scale = _F0
+        max_abs = _F0
+        for j in range(16):
+            sc[j] = _qx(x, b, 16 * j, 32, L)
+            if abs(sc[j]) > max_abs:
+                max_abs = abs(sc[j])
+                max_scale = sc[j]
+        if max_abs < _GROUP_EPS:  # the whole block is zeros
+            continue
+        iscale = _FM128K / max_scale
+        dbits, d = _fp16(_F1 / iscale)
+        _put_fp16(out, b, 208, dbits)
+        for j in range(16):
+            q = _clampi(_nearest(iscale * sc[j]), -128, 127)
+            out[b, 192 + j] = np.uint8(q & 0xFF)
+            dj = d * np.float32(q)
+            if dj == _F0:
+                continue
+            for i in range(16):
+                L[16 * j + i] = _clampi(_nearest(x[b, 16 * j + i] / dj), -32, 31) + 32
+        for h in range(2):  # half h of 128: element 128h + 32k + i -> ql nibble, 2 bits of qh[32h + i] at 2k
+            e = 128 * h
+            for i in range(32):
+                q0, q1, q2, q3 = L[e + i], L[e + 32 + i], L[e + 64 + i], L[e + 96 + i]
+                out[b, 64 * h + i] = np.uint8((q0 & 15) | ((q2 & 15) << 4))
+                out[b, 64 * h + 32 + i] = np.uint8((q1 & 15) | ((q3 & 15) << 4))
+                out[b, 128 + 32 * h + i] = np.uint8((q0 >> 4) | ((q1 >> 4) << 2) | ((q2 >> 4) << 4) | ((q3 >> 4) << 6))
+
+
 _KERNELS = {name: globals()[c.kernel] for name, c in CODECS.items()}  # a codec without a kernel fails here
 
 

@@ -234,7 +234,8 @@ def _dec_mxfp4(p, o, t):
 
 # The block decoders by index: one compiled (and cached) kernel serves them all through a branch per
 # block; a function-typed argument would be recompiled in every process (numba cannot cache it).
-_BLOCK_DECODERS = ("_dec_q4_0", "_dec_q4_1", "_dec_q5_0", "_dec_q5_1", "_dec_tq1_0", "_dec_mxfp4")
+_BLOCK_DECODERS = ("_dec_q4_0", "_dec_q4_1", "_dec_q5_0", "_dec_q5_1", "_dec_tq1_0", "_dec_mxfp4", "_dec_q4_k",
+                   "_dec_q5_k", "_dec_q6_k")
 
 
 @numba.njit(cache=True, inline="always")
@@ -249,8 +250,14 @@ def _decode_block(kind, p, o, t):
         _dec_q5_1(p, o, t)
     elif kind == 4:
         _dec_tq1_0(p, o, t)
-    else:
+    elif kind == 5:
         _dec_mxfp4(p, o, t)
+    elif kind == 6:
+        _dec_q4_k(p, o, t)  # (defined at the end of the module)
+    elif kind == 7:
+        _dec_q5_k(p, o, t)
+    else:
+        _dec_q6_k(p, o, t)
 
 
 @numba.njit(cache=True, parallel=True, fastmath=_DOT_MATH)
@@ -350,3 +357,52 @@ def dequantize_cpu(packed: np.ndarray, encoding: str, shape: list[int]) -> np.nd
 
 
 __all__ = ["dequant_matmul", "dequantize_cpu"]
+
+
+# K-quant block decoders (256 values a block), in the reference's f32 operations: (d * scale) * q, minus
+# dmin * min for Q4_K/Q5_K. _decode_block reaches them by name when it is compiled (at the first call).
+
+
+@numba.njit(cache=True, inline="always")
+def _k_scale_min(p, s, j):
+    """6-bit scale and min of sub-block j from the 12 bytes at p[s:] (GGML's get_scale_min_k4)."""
+    if j < 4:
+        return np.float32(p[s + j] & 63), np.float32(p[s + j + 4] & 63)
+    return (np.float32((p[s + j + 4] & 15) | ((p[s + j - 4] >> 6) << 4)),
+            np.float32((p[s + j + 4] >> 4) | ((p[s + j] >> 6) << 4)))
+
+
+@numba.njit(cache=True, inline="always")
+def _dec_q4_k(p, o, t):
+    d, dmin = _half(p[o], p[o + 1]), _half(p[o + 2], p[o + 3])
+    for j in range(8):
+        sc, m = _k_scale_min(p, o + 4, j)
+        d1, m1 = d * sc, dmin * m
+        at, sh = o + 16 + 32 * (j >> 1), 4 * (j & 1)
+        for i in range(32):
+            t[32 * j + i] = d1 * np.float32((p[at + i] >> sh) & 15) - m1
+
+
+@numba.njit(cache=True, inline="always")
+def _dec_q5_k(p, o, t):
+    d, dmin = _half(p[o], p[o + 1]), _half(p[o + 2], p[o + 3])
+    for j in range(8):
+        sc, m = _k_scale_min(p, o + 4, j)
+        d1, m1 = d * sc, dmin * m
+        at, sh = o + 48 + 32 * (j >> 1), 4 * (j & 1)
+        for i in range(32):
+            q = ((p[at + i] >> sh) & 15) | (((p[o + 16 + i] >> j) & 1) << 4)
+            t[32 * j + i] = d1 * np.float32(q) - m1
+
+
+@numba.njit(cache=True, inline="always")
+def _dec_q6_k(p, o, t):
+    d = _half(p[o + 208], p[o + 209])
+    for h in range(2):
+        for k in range(4):
+            at, sh = o + 64 * h + 32 * (k & 1), 4 * (k >> 1)
+            for i in range(32):
+                e = 128 * h + 32 * k + i
+                sc = np.float32(np.int8(p[o + 192 + e // 16]))
+                q = ((p[at + i] >> sh) & 15) | (((p[o + 128 + 32 * h + i] >> (2 * k)) & 3) << 4)
+                t[e] = d * sc * np.float32(np.int32(q) - 32)
