@@ -1,4 +1,5 @@
-"""Lowerings: Gemm, convolution, pooling, normalization, LRN and QDQ (Quantize/DequantizeLinear)."""
+"""Lowerings: Gemm, convolution, pooling, normalization, LRN, QDQ (Quantize/DequantizeLinear), Attention and
+RotaryEmbedding."""
 
 from __future__ import annotations
 
@@ -295,3 +296,58 @@ def _attention(ctx, n, a):
 
 
 LOWER["Attention"] = _attention
+
+
+def _rotary_embedding(ctx, n, a):
+    """ONNX RotaryEmbedding (opset 23): x [batch, heads, seq, head] (or [batch, seq, heads*head] with num_heads),
+    cos/sin caches [batch, seq, rot/2] (or [positions, rot/2] indexed by position_ids); the first rot features
+    of each head rotate as (x1, x2) pairs, halves (or even/odd features with interleaved=1), the rest pass."""
+    x, cos, sin = n.input[:3]
+    pos = n.input[3] if len(n.input) > 3 and n.input[3] else None
+    t = ctx.types.get(x)
+    if t is None or t[1] is None or len(t[1]) not in (3, 4) or not isinstance(t[1][-1], int):
+        raise Unsupported("RotaryEmbedding on an input whose rank (3 or 4) or last dim is unknown at import time")
+    heads = a.get("num_heads", 0)
+    if len(t[1]) == 3:
+        if not heads or t[1][-1] % heads:
+            raise Unsupported(f"RotaryEmbedding on a 3-D input needs num_heads dividing its last dim {t[1][-1]}")
+        head = t[1][-1] // heads
+        xh = ctx.emit("Reshape", [x], {"shape": [0, 0, heads, head]})  # [batch, seq, heads, head]
+        head_axis = 2
+    else:
+        head, xh, head_axis = t[1][-1], x, 1
+    rot = a.get("rotary_embedding_dim", 0) or head
+    if rot % 2 or rot > head:
+        raise Unsupported(f"RotaryEmbedding rotary_embedding_dim {rot} (even, at most the head size {head})")
+    half = rot // 2
+
+    def table(c):  # [batch, seq, rot/2] with a unit heads axis, broadcasting over the heads
+        if pos is not None:
+            c = ctx.emit("Gather", [c, pos], {"axis": 0})
+        c = ctx.emit("Slice", [c], {"starts": [0], "ends": [half], "axes": [-1]})
+        return ctx.emit("Unsqueeze", [c], {"axes": [head_axis]})
+
+    c, s = table(cos), table(sin)
+    if a.get("interleaved", 0):
+        x1 = ctx.emit("Slice", [xh], {"starts": [0], "ends": [rot], "axes": [-1], "steps": [2]})
+        x2 = ctx.emit("Slice", [xh], {"starts": [1], "ends": [rot], "axes": [-1], "steps": [2]})
+    else:
+        x1 = ctx.emit("Slice", [xh], {"starts": [0], "ends": [half], "axes": [-1]})
+        x2 = ctx.emit("Slice", [xh], {"starts": [half], "ends": [rot], "axes": [-1]})
+    real = ctx.emit("Sub", [ctx.emit("Mul", [c, x1]), ctx.emit("Mul", [s, x2])])
+    imag = ctx.emit("Add", [ctx.emit("Mul", [s, x1]), ctx.emit("Mul", [c, x2])])
+    if a.get("interleaved", 0):  # pairs back in place: [..., rot/2, 2] -> [..., rot]
+        pair = ctx.emit("Concat", [ctx.emit("Unsqueeze", [real], {"axes": [-1]}),
+                                   ctx.emit("Unsqueeze", [imag], {"axes": [-1]})], {"axis": -1})
+        parts = [ctx.emit("Reshape", [pair], {"shape": [0, 0, 0, rot]})]
+    else:
+        parts = [real, imag]
+    if rot < head:
+        parts.append(ctx.emit("Slice", [xh], {"starts": [rot], "ends": [head], "axes": [-1]}))
+    if len(t[1]) == 3:
+        ctx.emit("Reshape", [ctx.emit("Concat", parts, {"axis": -1})], {"shape": [0, 0, -1]}, n.output[0])
+    else:
+        ctx.emit("Concat", parts, {"axis": -1}, n.output[0])
+
+
+LOWER["RotaryEmbedding"] = _rotary_embedding
