@@ -468,6 +468,8 @@ SWEEP = {
     "QDQ": (10, [_N("QuantizeLinear", ["x", "qs", "qz"], ["q"]), _N("DequantizeLinear", ["q", "qs", "qz"], ["y"])],
             [_i("qs", np.array(0.02, np.float32)), _i("qz", np.array(128, np.uint8))]),
     "Attention": (23, [_N("Attention", ["x", "x", "x"], ["y"], is_causal=1)], []),
+    "RotaryEmbedding": (23, [_N("RotaryEmbedding", ["x", "rc", "rs"], ["y"], rotary_embedding_dim=4)],
+                        [_i("rc", _f32(2, 4, 2)), _i("rs", _f32(2, 4, 2))]),
     "DynamicQuantize": (11, [_N("DynamicQuantizeLinear", ["x"], ["q", "qs", "qz"]),
                              _N("MatMulInteger", ["q", "w8", "qz", "wz"], ["mi"]),
                              _N("MatMulInteger", ["q", "w8"], ["mj"])],
@@ -683,6 +685,25 @@ def test_exported_bert_with_hoisting_and_shape_caching(export_cache):
     for seed, shape in enumerate([(1, 5), (3, 11), (1, 5)]):
         x = np.random.default_rng(seed).integers(0, 100, shape).astype(np.int64)
         _close(compiled.run({"x": x})["y"], sess.run(None, {"x": x})[0], f"bert {shape}")
+
+
+def test_exported_decoding_step_with_shape_caching(export_cache):
+    """GPT-2's KV-cache step (past_sequence_length + 1 shape arithmetic) under cache_shape_invariant: one
+    session, past lengths revisited and the empty past of a first step."""
+    pytest.importorskip("transformers")
+    from rlx_runtime import CompileOptions
+    spec = corpus.MODELS["gpt2-step"]
+    path = corpus.export("gpt2-step", False, export_cache)
+    graph, weights = import_onnx(path)
+    rf, _ = bake(graph, weights, BakeOptions.from_profile("exact"))
+    compiled = Session().compile_with(rf, CompileOptions(cache_param_invariant=True, cache_shape_invariant=True))
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for seed, shapes in enumerate(corpus.kv_shapes(4, batches=(2, 2, 2, 2), pasts=(3, 9, 0, 3))):
+        feeds = _feeds(spec, shapes, seed)
+        past = shapes["past_key0"][2]
+        ours = compiled.run(feeds)
+        for out, ref in zip(sess.get_outputs(), sess.run(None, feeds), strict=True):
+            _close(ours[out.name], ref, f"gpt2-step {out.name} at past length {past}")
 
 
 # ------------------------------------------------------------------------------------------- dynamic quantization
