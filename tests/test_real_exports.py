@@ -687,23 +687,25 @@ def test_exported_bert_with_hoisting_and_shape_caching(export_cache):
         _close(compiled.run({"x": x})["y"], sess.run(None, {"x": x})[0], f"bert {shape}")
 
 
-def test_exported_decoding_step_with_shape_caching(export_cache):
-    """GPT-2's KV-cache step (past_sequence_length + 1 shape arithmetic) under cache_shape_invariant: one
-    session, past lengths revisited and the empty past of a first step."""
+@pytest.mark.parametrize("name,kv_heads", [("gpt2-step", 4), pytest.param("llama-step", 2, marks=pytest.mark.slow)])
+def test_exported_decoding_step_with_shape_caching(export_cache, name, kv_heads):
+    """A KV-cache step (past_sequence_length + 1 shape arithmetic; LLaMA: RoPE at the past's positions) under
+    cache_shape_invariant (GPT-2: shape-only work is prepared once per input shapes): one session, batch sizes
+    and past lengths changing and revisited, and the empty past of a first step."""
     pytest.importorskip("transformers")
     from rlx_runtime import CompileOptions
-    spec = corpus.MODELS["gpt2-step"]
-    path = corpus.export("gpt2-step", False, export_cache)
+    spec = corpus.MODELS[name]
+    path = corpus.export(name, False, export_cache)
     graph, weights = import_onnx(path)
     rf, _ = bake(graph, weights, BakeOptions.from_profile("exact"))
     compiled = Session().compile_with(rf, CompileOptions(cache_param_invariant=True, cache_shape_invariant=True))
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    for seed, shapes in enumerate(corpus.kv_shapes(4, batches=(2, 2, 2, 2), pasts=(3, 9, 0, 3))):
+    for seed, shapes in enumerate(corpus.kv_shapes(kv_heads, batches=(2, 1, 3, 2), pasts=(3, 9, 0, 3))):
         feeds = _feeds(spec, shapes, seed)
         past = shapes["past_key0"][2]
         ours = compiled.run(feeds)
         for out, ref in zip(sess.get_outputs(), sess.run(None, feeds), strict=True):
-            _close(ours[out.name], ref, f"gpt2-step {out.name} at past length {past}")
+            _close(ours[out.name], ref, f"{name} {out.name} at past length {past}")
 
 
 # ------------------------------------------------------------------------------------------- dynamic quantization
