@@ -119,3 +119,84 @@ def test_past_length_plus_one_at_several_past_lengths_in_one_session(tmp_path, c
         for out, ref in zip(sess.get_outputs(), sess.run(None, feeds), strict=True):
             assert ref.shape[-1] == (p + 1 if out.name == "y" else 4)
             _close(ours[out.name], ref, f"{out.name} at past length {p}")
+
+
+# ------------------------------------------------------------------------------------------- Attention (opset 23)
+# the standard-ONNX form of a LLaMA/Qwen decoding step: grouped-query heads and the KV cache inside the op
+
+
+def _attention_model(shapes: dict, outputs=("y",), **attrs):
+    names = ["q", "k", "v", "mask", "past_key", "past_value"]
+    ins = [n if n in shapes else "" for n in names]
+    while not ins[-1]:
+        ins.pop()
+    mask_t = TensorProto.BOOL if attrs.pop("bool_mask", False) else TensorProto.FLOAT
+    inputs = [_vi(n, s, mask_t if n == "mask" else TensorProto.FLOAT) for n, s in shapes.items()]
+    node = helper.make_node("Attention", ins, list(outputs), **attrs)
+    return _model([node], inputs, [_vi(o, None) for o in outputs if o], opset=23)
+
+
+def _attention_feeds(m, dims: list[dict]) -> list[dict]:
+    """Feeds for each dims binding (symbolic name -> size); bool masks keep every row's first key."""
+    feeds = []
+    for d in dims:
+        f = {}
+        for vi in m.graph.input:
+            shape = [x.dim_value or d[x.dim_param] for x in vi.type.tensor_type.shape.dim]
+            if vi.type.tensor_type.elem_type == TensorProto.BOOL:
+                f[vi.name] = R.random(shape) < 0.7
+                f[vi.name][..., 0] = True
+            else:
+                f[vi.name] = _f32(*shape)
+        feeds.append(f)
+    return feeds
+
+
+_STEP = [{"b": 1, "s": 1, "p": 3}, {"b": 2, "s": 3, "p": 0}, {"b": 2, "s": 1, "p": 9}]
+
+
+@pytest.mark.parametrize("causal", [0, 1])
+def test_attention_grouped_query_heads(tmp_path, causal):
+    """4 query heads over 2 key/value heads: query heads 0-1 read key/value head 0, 2-3 head 1."""
+    m = _attention_model({"q": ["b", 4, "s", 8], "k": ["b", 2, "s", 8], "v": ["b", 2, "s", 6]}, is_causal=causal)
+    _check(_save(tmp_path, m), _attention_feeds(m, _STEP))
+
+
+@pytest.mark.parametrize("causal", [0, 1])
+@pytest.mark.parametrize("mask", [None, "float", "bool"])
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_attention_kv_cache(tmp_path, causal, mask, kv_heads):
+    """past_key/past_value in, present_key/present_value out; causal counts the past (query i attends up to
+    past + i); the mask covers past + new keys. Past lengths 3, 0 and 9 in one session."""
+    shapes = {"q": ["b", 4, "s", 8], "k": ["b", kv_heads, "s", 8], "v": ["b", kv_heads, "s", 8]}
+    if mask:
+        shapes["mask"] = ["b", 1, "s", "t"]
+    shapes |= {"past_key": ["b", kv_heads, "p", 8], "past_value": ["b", kv_heads, "p", 8]}
+    m = _attention_model(shapes, ("y", "present_key", "present_value"), is_causal=causal, scale=0.3,
+                         bool_mask=mask == "bool")
+    _check(_save(tmp_path, m), _attention_feeds(m, [d | {"t": d["s"] + d["p"]} for d in _STEP]))
+
+
+def test_attention_3d_packed_heads(tmp_path):
+    """[batch, seq, heads * dim] with q_num_heads/kv_num_heads, grouped, with a cache: out as [batch, seq, 32]."""
+    shapes = {"q": ["b", "s", 32], "k": ["b", "s", 16], "v": ["b", "s", 16], "past_key": ["b", 2, "p", 8],
+              "past_value": ["b", 2, "p", 8]}
+    m = _attention_model(shapes, ("y", "present_key", "present_value"), q_num_heads=4, kv_num_heads=2, is_causal=1)
+    _check(_save(tmp_path, m), _attention_feeds(m, _STEP))
+
+
+def test_attention_presents_without_a_past(tmp_path):
+    """A prefill: no past in, the new keys/values out as the presents."""
+    m = _attention_model({"q": ["b", 4, "s", 8], "k": ["b", 2, "s", 8], "v": ["b", 2, "s", 8]},
+                         ("y", "present_key", "present_value"), is_causal=1)
+    _check(_save(tmp_path, m), _attention_feeds(m, _STEP))
+
+
+@pytest.mark.parametrize("shapes,attrs,expected", [
+    ({"q": ["b", 4, "s", 8], "k": ["b", 3, "s", 8], "v": ["b", 3, "s", 8]}, {}, "4 query heads and 3 key/value"),
+    ({"q": ["b", "s", 32], "k": ["b", "s", 16], "v": ["b", "s", 16]}, {"q_num_heads": 4}, "without q_num_heads"),
+    ({"q": ["b", 4, "s", 8], "k": ["b", 4, "s", 8], "v": ["b", 4, "s", 8]}, {"softcap": 2.0}, "softcap"),
+])
+def test_attention_refuses_forms_it_cannot_lower(tmp_path, shapes, attrs, expected):
+    with pytest.raises(RlxError, match=rf"Attention.*{expected}"):
+        import_onnx(_save(tmp_path, _attention_model(shapes, **attrs)))
