@@ -156,9 +156,11 @@ _STEP = [{"b": 1, "s": 1, "p": 3}, {"b": 2, "s": 3, "p": 0}, {"b": 2, "s": 1, "p
 
 
 @pytest.mark.parametrize("causal", [0, 1])
-def test_attention_grouped_query_heads(tmp_path, causal):
-    """4 query heads over 2 key/value heads: query heads 0-1 read key/value head 0, 2-3 head 1."""
-    m = _attention_model({"q": ["b", 4, "s", 8], "k": ["b", 2, "s", 8], "v": ["b", 2, "s", 6]}, is_causal=causal)
+@pytest.mark.parametrize("kv_heads", [2, 1])
+def test_attention_grouped_query_heads(tmp_path, causal, kv_heads):
+    """4 query heads over 2 key/value heads (query heads 0-1 read key/value head 0, 2-3 head 1), or over one."""
+    m = _attention_model({"q": ["b", 4, "s", 8], "k": ["b", kv_heads, "s", 8], "v": ["b", kv_heads, "s", 6]},
+                         is_causal=causal)
     _check(_save(tmp_path, m), _attention_feeds(m, _STEP))
 
 

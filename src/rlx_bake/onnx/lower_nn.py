@@ -281,12 +281,11 @@ def _heads_4d(ctx, x: str, heads: int) -> str:
     return ctx.emit("Transpose", [ctx.emit("Reshape", [x], {"shape": [0, 0, heads, -1]})], {"perm": [0, 2, 1, 3]})
 
 
-def _static_dim(ctx, x: str, axis: int, what: str) -> int:
+def _dim(ctx, x: str, axis: int) -> int | None:
+    """A dim of x known at import time, else None."""
     t = ctx.types.get(x)
     d = None if t is None or t[1] is None else t[1][axis]
-    if not isinstance(d, int):
-        raise Unsupported(f"Attention {what} unknown at import time")
-    return d
+    return d if isinstance(d, int) else None
 
 
 def _attention(ctx, n, a):
@@ -311,10 +310,9 @@ def _attention(ctx, n, a):
         if not hq or not hk:
             raise Unsupported("Attention on 3-D inputs without q_num_heads and kv_num_heads")
         q, k, v = _heads_4d(ctx, q, hq), _heads_4d(ctx, k, hk), _heads_4d(ctx, v, hk)
-        dk, dv = _static_dim(ctx, ins[1], 2, "key width") // hk, _static_dim(ctx, ins[2], 2, "value width") // hk
-    else:
-        hq, hk = _static_dim(ctx, q, 1, "query heads"), _static_dim(ctx, k, 1, "key/value heads")
-        dk, dv = _static_dim(ctx, k, 3, "key dim"), _static_dim(ctx, v, 3, "value dim")
+        dk, dv = (None if w is None else w // hk for w in (_dim(ctx, ins[1], 2), _dim(ctx, ins[2], 2)))
+    else:  # unknown head counts: taken as equal (SDPA's shape check names a mismatch at run time)
+        hq, hk, dk, dv = _dim(ctx, q, 1), _dim(ctx, k, 1), _dim(ctx, k, 3), _dim(ctx, v, 3)
     if past_k:
         k = ctx.emit("Concat", [past_k, k], {"axis": 2}, n.output[1] if len(n.output) > 1 and n.output[1] else None)
         v = ctx.emit("Concat", [past_v, v], {"axis": 2}, n.output[2] if len(n.output) > 2 and n.output[2] else None)
@@ -322,9 +320,11 @@ def _attention(ctx, n, a):
         for i, t in ((1, k), (2, v)):
             if len(n.output) > i and n.output[i]:
                 ctx.emit("Identity", [t], {}, n.output[i])
-    if hq != hk:
+    if hq is not None and hk is not None and hq != hk:
         if hq % hk:
             raise Unsupported(f"Attention with {hq} query heads and {hk} key/value heads (not a multiple)")
+        if dk is None or dv is None:
+            raise Unsupported("grouped-query Attention with a key/value head size unknown at import time")
         group = ctx.const(np.array([1, 1, hq // hk, 1, 1], np.int64))
 
         def repeat(t, d):  # [b, hk, L, d] -> [b, hk, group, L, d] -> [b, hq, L, d]
