@@ -29,6 +29,7 @@ class Spec:
     slow: bool = False
     ints: dict = field(default_factory=dict)  # integer inputs: name -> exclusive upper bound of the values
     masks: tuple = ()  # attention-mask inputs: ones, then a padded (zero) tail on every row but the first
+    outputs: tuple = ("y",)  # output names, in the module's return order
 
 
 def _torch():
@@ -165,6 +166,100 @@ def _sentence_bert():
     return Encoder(), args, ["ids", "mask", "types"], {"ids": axes, "mask": axes, "types": axes}
 
 
+def _kv_step(kind: str, prefill: bool = False):
+    """A decoder with a KV cache, as generation runs it: one new token per sequence, the past keys/values
+    of every layer as inputs and the presents (past + 1 along the sequence) as outputs; prefill: the prompt
+    with no past in, the presents out."""
+    torch = _torch()
+    import transformers as T
+    if kind == "gpt2":
+        cfg = T.GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=64)
+        model, heads = T.GPT2Model(cfg), 4
+    elif kind == "llama":  # RMSNorm, RoPE (positions from the past length), GQA: 2 key/value heads for 4 query heads
+        cfg = T.LlamaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64)
+        model, heads = T.LlamaModel(cfg), 2
+    else:
+        raise KeyError(kind)
+    model.eval()
+    layers, dim = 2, 8
+    kv = [f"{w}{i}" for i in range(layers) for w in ("past_key", "past_value")]
+    present = [f"present_{w}{i}" for i in range(layers) for w in ("key", "value")]
+
+    class Step(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = model
+
+        def forward(self, ids, mask, past_key0=None, past_value0=None, past_key1=None, past_value1=None):
+            past = [(past_key0, past_value0), (past_key1, past_value1)] if past_key0 is not None else None
+            cache = T.DynamicCache(ddp_cache_data=past, config=cfg)
+            out = self.m(input_ids=ids, attention_mask=mask, cache=cache, use_cache=True)
+            return (out.last_hidden_state, *(t for layer in out.cache.layers for t in (layer.keys, layer.values)))
+
+    if prefill:
+        seq = {0: "batch", 1: "seq"}
+        axes = {"ids": seq, "mask": seq, **{n: {0: "batch", 2: "seq"} for n in present}}
+        args = (torch.randint(0, 100, (2, 8)), torch.ones(2, 8, dtype=torch.long))
+        return Step(), args, ["ids", "mask"], axes
+    # the mask covers the past and the new token: its length is the past's + 1
+    axes = {"ids": {0: "batch"}, "mask": {0: "batch", 1: "past+1"}, **{n: {0: "batch", 2: "past"} for n in kv},
+            **{n: {0: "batch", 2: "past+1"} for n in present}}
+    args = (torch.randint(0, 100, (2, 1)), torch.ones(2, 6, dtype=torch.long),
+            *(torch.randn(2, heads, 5, dim) for _ in kv))
+    return Step(), args, ["ids", "mask", *kv], axes
+
+
+def kv_shapes(heads: int, batches: tuple = (1, 3), pasts: tuple = (3, 9), layers: int = 2, dim: int = 8) -> tuple:
+    """The feed shapes of decoding steps at the given batch sizes and past lengths."""
+    return tuple({"ids": (b, 1), "mask": (b, p + 1),
+                  **{f"{w}{i}": (b, heads, p, dim) for i in range(layers) for w in ("past_key", "past_value")}}
+                 for b, p in zip(batches, pasts, strict=True))
+
+
+_PRESENTS = ("y", "present_key0", "present_value0", "present_key1", "present_value1")
+
+
+def _t5_encoder():
+    """T5EncoderModel: relative position buckets (log of the distance, clamped), RMS-style T5LayerNorm, no biases."""
+    torch = _torch()
+    import transformers as T
+    model = T.T5EncoderModel(T.T5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+                                        relative_attention_num_buckets=8, relative_attention_max_distance=16)).eval()
+
+    class Wrap(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = model
+
+        def forward(self, x):
+            return self.m(input_ids=x).last_hidden_state
+
+    return Wrap(), (torch.randint(0, 100, (2, 8)),), ["x"], {"x": {0: "batch", 1: "seq"}}
+
+
+def _whisper_encoder():
+    """WhisperEncoder on log-mel features: two Conv1d + GELU front end (stride 2), sinusoidal positions, encoder
+    layers; Whisper fixes the frame count (2 x max_source_positions), so only the batch is dynamic."""
+    torch = _torch()
+    import transformers as T
+    cfg = T.WhisperConfig(num_mel_bins=16, d_model=32, encoder_layers=2, encoder_attention_heads=4,
+                          encoder_ffn_dim=64, decoder_layers=1, decoder_attention_heads=4, decoder_ffn_dim=64,
+                          max_source_positions=24, vocab_size=100, pad_token_id=0,
+                          bos_token_id=1, eos_token_id=2, decoder_start_token_id=1)
+    model = T.WhisperModel(cfg).get_encoder().eval()
+
+    class Wrap(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = model
+
+        def forward(self, x):
+            return self.m(input_features=x).last_hidden_state
+
+    return Wrap(), (torch.randn(2, 16, 48),), ["x"], {"x": {0: "batch"}}
+
+
 _IDS = ({"x": (1, 5)}, {"x": (3, 11)})
 _IMG = ({"x": (1, 3, 32, 32)}, {"x": (2, 3, 48, 40)})
 MODELS: dict[str, Spec] = {
@@ -183,6 +278,23 @@ MODELS: dict[str, Spec] = {
     "llama": Spec(lambda: _hf("llama"), _IDS, slow=True, ints={"x": 100}),
     "qwen2": Spec(lambda: _hf("qwen2"), _IDS, slow=True, ints={"x": 100}),
     "vit": Spec(lambda: _hf("vit"), ({"x": (1, 3, 32, 32)}, {"x": (3, 3, 32, 32)}), slow=True),
+    "gpt2-step": Spec(lambda: _kv_step("gpt2"), kv_shapes(4), ints={"ids": 100}, masks=("mask",),
+                      outputs=_PRESENTS),
+    "gpt2-prefill": Spec(lambda: _kv_step("gpt2", prefill=True), ({"ids": (1, 5), "mask": (1, 5)},
+                                                                   {"ids": (3, 11), "mask": (3, 11)}),
+                         slow=True, ints={"ids": 100}, masks=("mask",), outputs=_PRESENTS),
+    "gpt2-step-opset18": Spec(lambda: _kv_step("gpt2"), kv_shapes(4), opset=18, slow=True, ints={"ids": 100},
+                              masks=("mask",), outputs=_PRESENTS),
+    "gpt2-step-opset23": Spec(lambda: _kv_step("gpt2"), kv_shapes(4), opset=23, slow=True, ints={"ids": 100},
+                              masks=("mask",), outputs=_PRESENTS),
+    "llama-step": Spec(lambda: _kv_step("llama"), kv_shapes(2), slow=True, ints={"ids": 100}, masks=("mask",),
+                       outputs=_PRESENTS),
+    # dynamo at opset 23 writes RotaryEmbedding with batch-1 cos/sin caches, which onnxruntime refuses at a batch
+    # > 1 (the op's spec: [batch, seq, rot/2]): one sequence per step here
+    "llama-step-opset23": Spec(lambda: _kv_step("llama"), kv_shapes(2, batches=(1, 1)), opset=23, slow=True,
+                               ints={"ids": 100}, masks=("mask",), outputs=_PRESENTS),
+    "t5-encoder": Spec(_t5_encoder, _IDS, slow=True, ints={"x": 100}),
+    "whisper-encoder": Spec(_whisper_encoder, ({"x": (1, 16, 48)}, {"x": (3, 16, 48)}), slow=True),
 }
 NEEDS_TRANSFORMERS = {name for name in MODELS if not name.startswith(("cnn", "unet", "rnn"))}
 FAST_DYNAMO = {"bert", "sentence-bert"}  # the dynamo exports in the fast tier (when onnxscript is installed)
@@ -196,6 +308,11 @@ DYNAMO_EXPORTER_FAILS = {
     "gpt2": "onnxruntime cannot load the export (INVALID_GRAPH: a Split with no split sizes)",
     "rnn": "the export bakes the example's sequence length into a Reshape ([5, -1, 12]); onnxruntime fails the "
            "same way at another length",
+    "gpt2-step": "onnxruntime cannot load the export (INVALID_GRAPH: Split with opset 18's num_outputs at opset 17)",
+    "gpt2-prefill": "onnxruntime cannot load the export (INVALID_GRAPH: Split with opset 18's num_outputs at "
+                    "opset 17)",
+    "t5-encoder": "torch.export's decomposition fails (ValueError: cannot view the [batch, seq, 4, 8] attention "
+                  "output as [batch, seq, 32])",
 }
 
 
@@ -242,14 +359,16 @@ def export(name: str, dynamo: bool, root: Path) -> Path:
             warnings.simplefilter("ignore")
             if dynamo:
                 from torch.export import Dim
-                dims = {d: Dim(d, min=2, max=64) for per in axes.values() for d in per.values()}
-                shapes = {n: {i: dims[d] for i, d in per.items()} for n, per in axes.items()}
+                # "past+1": a dim derived from another (a decoding step's mask covers the past and the new token)
+                dims = {d: Dim(d, min=2, max=64) for n in names for d in axes.get(n, {}).values() if "+" not in d}
+                shapes = {n: {i: dims[d[:-2]] + 1 if d.endswith("+1") else dims[d] for i, d in axes[n].items()}
+                          for n in names if n in axes}
                 prog = torch.onnx.export(module, args, dynamo=True, opset_version=spec.opset, input_names=names,
-                                         output_names=["y"], dynamic_shapes=shapes)
+                                         output_names=list(spec.outputs), dynamic_shapes=shapes)
                 prog.save(tmp)
             else:
                 torch.onnx.export(module, args, tmp, dynamo=False, opset_version=spec.opset, input_names=names,
-                                  output_names=["y"], dynamic_axes=axes)
+                                  output_names=list(spec.outputs), dynamic_axes=axes)
 
     return _atomic_save(path, write)
 

@@ -468,6 +468,8 @@ SWEEP = {
     "QDQ": (10, [_N("QuantizeLinear", ["x", "qs", "qz"], ["q"]), _N("DequantizeLinear", ["q", "qs", "qz"], ["y"])],
             [_i("qs", np.array(0.02, np.float32)), _i("qz", np.array(128, np.uint8))]),
     "Attention": (23, [_N("Attention", ["x", "x", "x"], ["y"], is_causal=1)], []),
+    "RotaryEmbedding": (23, [_N("RotaryEmbedding", ["x", "rc", "rs"], ["y"], rotary_embedding_dim=4)],
+                        [_i("rc", _f32(2, 4, 2)), _i("rs", _f32(2, 4, 2))]),
     "DynamicQuantize": (11, [_N("DynamicQuantizeLinear", ["x"], ["q", "qs", "qz"]),
                              _N("MatMulInteger", ["q", "w8", "qz", "wz"], ["mi"]),
                              _N("MatMulInteger", ["q", "w8"], ["mj"])],
@@ -683,6 +685,27 @@ def test_exported_bert_with_hoisting_and_shape_caching(export_cache):
     for seed, shape in enumerate([(1, 5), (3, 11), (1, 5)]):
         x = np.random.default_rng(seed).integers(0, 100, shape).astype(np.int64)
         _close(compiled.run({"x": x})["y"], sess.run(None, {"x": x})[0], f"bert {shape}")
+
+
+@pytest.mark.parametrize("name,kv_heads", [("gpt2-step", 4), pytest.param("llama-step", 2, marks=pytest.mark.slow)])
+def test_exported_decoding_step_with_shape_caching(export_cache, name, kv_heads):
+    """A KV-cache step (past_sequence_length + 1 shape arithmetic; LLaMA: RoPE at the past's positions) under
+    cache_shape_invariant (GPT-2: shape-only work is prepared once per input shapes): one session, batch sizes
+    and past lengths changing and revisited, and the empty past of a first step."""
+    pytest.importorskip("transformers")
+    from rlx_runtime import CompileOptions
+    spec = corpus.MODELS[name]
+    path = corpus.export(name, False, export_cache)
+    graph, weights = import_onnx(path)
+    rf, _ = bake(graph, weights, BakeOptions.from_profile("exact"))
+    compiled = Session().compile_with(rf, CompileOptions(cache_param_invariant=True, cache_shape_invariant=True))
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for seed, shapes in enumerate(corpus.kv_shapes(kv_heads, batches=(2, 1, 3, 2), pasts=(3, 9, 0, 3))):
+        feeds = _feeds(spec, shapes, seed)
+        past = shapes["past_key0"][2]
+        ours = compiled.run(feeds)
+        for out, ref in zip(sess.get_outputs(), sess.run(None, feeds), strict=True):
+            _close(ours[out.name], ref, f"{name} {out.name} at past length {past}")
 
 
 # ------------------------------------------------------------------------------------------- dynamic quantization

@@ -1,4 +1,5 @@
-"""Lowerings: Gemm, convolution, pooling, normalization, LRN and QDQ (Quantize/DequantizeLinear)."""
+"""Lowerings: Gemm, convolution, pooling, normalization, LRN, QDQ (Quantize/DequantizeLinear), Attention and
+RotaryEmbedding."""
 
 from __future__ import annotations
 
@@ -275,23 +276,141 @@ def _lp_norm(ctx, n, a):
 LOWER["LpNormalization"] = _lp_norm
 
 
+def _heads_4d(ctx, x: str, heads: int) -> str:
+    """[batch, seq, heads * dim] -> [batch, heads, seq, dim] (Attention's 3-D form)."""
+    return ctx.emit("Transpose", [ctx.emit("Reshape", [x], {"shape": [0, 0, heads, -1]})], {"perm": [0, 2, 1, 3]})
+
+
+def _dim(ctx, x: str, axis: int) -> int | None:
+    """A dim of x known at import time, else None."""
+    t = ctx.types.get(x)
+    d = None if t is None or t[1] is None else t[1][axis]
+    return d if isinstance(d, int) else None
+
+
 def _attention(ctx, n, a):
-    """ONNX Attention (opset 23) on 4-D [batch, heads, seq, dim] inputs -> ScaledDotProductAttention."""
-    if len(n.input) > 4 and any(n.input[4:]) or any(o for o in n.output[1:]):
-        raise Unsupported("Attention with past/present key-value caches")
+    """ONNX Attention (opset 23) -> ScaledDotProductAttention. 4-D [batch, heads, seq, dim] inputs, or 3-D
+    [batch, seq, heads * dim] with q_num_heads/kv_num_heads; fewer key/value heads than query heads (grouped-
+    query: each key/value head serves a group of query heads); the KV-cache form: past_key/past_value in front
+    of the new keys/values, the concatenation out as present_key/present_value, and is_causal aligned to the
+    end (query i attends keys up to past + i), as onnxruntime and onnx's reference evaluator do."""
+    ins = list(n.input) + [""] * (6 - len(n.input))
+    q, k, v, mask, past_k, past_v = ins[:6]
+    if any(ins[6:]) or any(o for o in n.output[3:]):
+        raise Unsupported("Attention nonpad_kv_seqlen / qk_matmul_output")
     if a.get("softcap", 0.0) or a.get("qk_matmul_output_mode", 0):
         raise Unsupported("Attention softcap / qk_matmul_output_mode")
-    q, k, v = n.input[:3]
-    if any(ctx.rank(t) != 4 for t in (q, k, v)):
-        raise Unsupported("Attention on 3-D inputs (q_num_heads/kv_num_heads packing)")
-    tq, tk = ctx.types[q][1], ctx.types[k][1]
-    if isinstance(tq[1], int) and isinstance(tk[1], int) and tq[1] != tk[1] and tk[1] != 1:
-        raise Unsupported("grouped-query Attention (fewer key/value heads than query heads)")
-    attrs = {"causal": a.get("is_causal", 0)}
+    if bool(past_k) != bool(past_v):
+        raise Unsupported("Attention with only one of past_key / past_value")
+    rank = ctx.rank(q)
+    if rank not in (3, 4) or ctx.rank(k) != rank or ctx.rank(v) != rank:
+        raise Unsupported("Attention on inputs of unknown or mixed rank (3-D or 4-D expected)")
+    if rank == 3:
+        hq, hk = a.get("q_num_heads", 0), a.get("kv_num_heads", 0)
+        if not hq or not hk:
+            raise Unsupported("Attention on 3-D inputs without q_num_heads and kv_num_heads")
+        q, k, v = _heads_4d(ctx, q, hq), _heads_4d(ctx, k, hk), _heads_4d(ctx, v, hk)
+        dk, dv = (None if w is None else w // hk for w in (_dim(ctx, ins[1], 2), _dim(ctx, ins[2], 2)))
+    else:  # unknown head counts: taken as equal (SDPA's shape check names a mismatch at run time)
+        hq, hk, dk, dv = _dim(ctx, q, 1), _dim(ctx, k, 1), _dim(ctx, k, 3), _dim(ctx, v, 3)
+    if past_k:
+        k = ctx.emit("Concat", [past_k, k], {"axis": 2}, n.output[1] if len(n.output) > 1 and n.output[1] else None)
+        v = ctx.emit("Concat", [past_v, v], {"axis": 2}, n.output[2] if len(n.output) > 2 and n.output[2] else None)
+    elif any(o for o in n.output[1:3]):  # no past: the presents are the new keys/values
+        for i, t in ((1, k), (2, v)):
+            if len(n.output) > i and n.output[i]:
+                ctx.emit("Identity", [t], {}, n.output[i])
+    if hq is not None and hk is not None and hq != hk:
+        if hq % hk:
+            raise Unsupported(f"Attention with {hq} query heads and {hk} key/value heads (not a multiple)")
+        if dk is None or dv is None:
+            raise Unsupported("grouped-query Attention with a key/value head size unknown at import time")
+        group = ctx.const(np.array([1, 1, hq // hk, 1, 1], np.int64))
+
+        def repeat(t, d):  # [b, hk, L, d] -> [b, hk, group, L, d] -> [b, hq, L, d]
+            wide = ctx.emit("Expand", [ctx.emit("Unsqueeze", [t], {"axes": [2]}), group])
+            return ctx.emit("Reshape", [wide], {"shape": [0, hq, -1, d]})
+        k, v = repeat(k, dk), repeat(v, dv)
+    attrs = {}
     if "scale" in a:
         attrs["scale"] = float(a["scale"])
-    ins = [q, k, v] + ([n.input[3]] if len(n.input) > 3 and n.input[3] else [])
-    ctx.emit("ScaledDotProductAttention", ins, attrs, n.output[0])
+    if a.get("is_causal", 0) and past_k:  # bottom-right: query i at position past + i
+        qlen = ctx.emit("Gather", [ctx.emit("Shape", [q]), ctx.const(np.array(2, np.int64))], {"axis": 0})
+        plen = ctx.emit("Gather", [ctx.emit("Shape", [past_k]), ctx.const(np.array(2, np.int64))], {"axis": 0})
+        klen = ctx.emit("Gather", [ctx.emit("Shape", [k]), ctx.const(np.array(2, np.int64))], {"axis": 0})
+        zero, one = ctx.const(np.array(0, np.int64)), ctx.const(np.array(1, np.int64))
+        qpos = ctx.emit("Unsqueeze", [ctx.emit("Add", [ctx.emit("Range", [zero, qlen, one]), plen])], {"axes": [1]})
+        causal = ctx.emit("LessEqual", [ctx.emit("Range", [zero, klen, one]), qpos])  # [Lq, Lk]
+        if not mask:
+            mask = causal
+        elif ctx.dtype(mask) == "bool":
+            mask = ctx.emit("And", [mask, causal])
+        else:
+            dt = _np(ctx, q)
+            bias = ctx.emit("Where", [causal, ctx.const(np.array(0, dt)), ctx.const(np.array(-np.inf, dt))])
+            mask = ctx.emit("Add", [mask, bias])
+    elif a.get("is_causal", 0):
+        attrs["causal"] = 1
+    out = ctx.emit("ScaledDotProductAttention", [q, k, v] + ([mask] if mask else []), attrs,
+                   None if rank == 3 else n.output[0])
+    if rank == 3:
+        ctx.emit("Reshape", [ctx.emit("Transpose", [out], {"perm": [0, 2, 1, 3]})], {"shape": [0, 0, -1]},
+                 n.output[0])
 
 
 LOWER["Attention"] = _attention
+
+
+def _rotary_embedding(ctx, n, a):
+    """ONNX RotaryEmbedding (opset 23): x [batch, heads, seq, head] (or [batch, seq, heads*head] with num_heads),
+    cos/sin caches [batch, seq, rot/2] (or [positions, rot/2] indexed by position_ids); the first rot features
+    of each head rotate as (x1, x2) pairs, halves (or even/odd features with interleaved=1), the rest pass."""
+    x, cos, sin = n.input[:3]
+    pos = n.input[3] if len(n.input) > 3 and n.input[3] else None
+    t = ctx.types.get(x)
+    if t is None or t[1] is None or len(t[1]) not in (3, 4) or not isinstance(t[1][-1], int):
+        raise Unsupported("RotaryEmbedding on an input whose rank (3 or 4) or last dim is unknown at import time")
+    heads = a.get("num_heads", 0)
+    if len(t[1]) == 3:
+        if not heads or t[1][-1] % heads:
+            raise Unsupported(f"RotaryEmbedding on a 3-D input needs num_heads dividing its last dim {t[1][-1]}")
+        head = t[1][-1] // heads
+        xh = ctx.emit("Reshape", [x], {"shape": [0, 0, heads, head]})  # [batch, seq, heads, head]
+        head_axis = 2
+    else:
+        head, xh, head_axis = t[1][-1], x, 1
+    rot = a.get("rotary_embedding_dim", 0) or head
+    if rot % 2 or rot > head:
+        raise Unsupported(f"RotaryEmbedding rotary_embedding_dim {rot} (even, at most the head size {head})")
+    half = rot // 2
+
+    def table(c):  # [batch, seq, rot/2] with a unit heads axis, broadcasting over the heads
+        if pos is not None:
+            c = ctx.emit("Gather", [c, pos], {"axis": 0})
+        c = ctx.emit("Slice", [c], {"starts": [0], "ends": [half], "axes": [-1]})
+        return ctx.emit("Unsqueeze", [c], {"axes": [head_axis]})
+
+    c, s = table(cos), table(sin)
+    if a.get("interleaved", 0):
+        x1 = ctx.emit("Slice", [xh], {"starts": [0], "ends": [rot], "axes": [-1], "steps": [2]})
+        x2 = ctx.emit("Slice", [xh], {"starts": [1], "ends": [rot], "axes": [-1], "steps": [2]})
+    else:
+        x1 = ctx.emit("Slice", [xh], {"starts": [0], "ends": [half], "axes": [-1]})
+        x2 = ctx.emit("Slice", [xh], {"starts": [half], "ends": [rot], "axes": [-1]})
+    real = ctx.emit("Sub", [ctx.emit("Mul", [c, x1]), ctx.emit("Mul", [s, x2])])
+    imag = ctx.emit("Add", [ctx.emit("Mul", [s, x1]), ctx.emit("Mul", [c, x2])])
+    if a.get("interleaved", 0):  # pairs back in place: [..., rot/2, 2] -> [..., rot]
+        pair = ctx.emit("Concat", [ctx.emit("Unsqueeze", [real], {"axes": [-1]}),
+                                   ctx.emit("Unsqueeze", [imag], {"axes": [-1]})], {"axis": -1})
+        parts = [ctx.emit("Reshape", [pair], {"shape": [0, 0, 0, rot]})]
+    else:
+        parts = [real, imag]
+    if rot < head:
+        parts.append(ctx.emit("Slice", [xh], {"starts": [rot], "ends": [head], "axes": [-1]}))
+    if len(t[1]) == 3:
+        ctx.emit("Reshape", [ctx.emit("Concat", parts, {"axis": -1})], {"shape": [0, 0, -1]}, n.output[0])
+    else:
+        ctx.emit("Concat", parts, {"axis": -1}, n.output[0])
+
+
+LOWER["RotaryEmbedding"] = _rotary_embedding
