@@ -530,7 +530,7 @@ def _check_body_nesting(d: dict) -> None:
             continue  # the graph's own checks name it
         total += len(nodes)
         if total > MAX_NODES:
-            raise GraphError(f"the graph and its bodies have more than {MAX_NODES} nodes in all; the cap is {MAX_NODES}")
+            raise GraphError(f"the graph and its bodies have more than {MAX_NODES} nodes in all (the cap)")
         for e in nodes:
             spec = OPS.get(e.get("op")) if isinstance(e, dict) and isinstance(e.get("op"), str) else None
             attrs = e.get("attrs") if spec is not None else None

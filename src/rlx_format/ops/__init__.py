@@ -11,7 +11,7 @@ from .infer_nn import QUANT_BLOCKS, matmul_shape, window_count
 from .infer_shape import parse_einsum, slice_bounds, slice_dim
 
 __all__ = [
-    "OPS", "LEAF_OPS", "RANDOM_OPS", "CONTROL_OPS", "QUANT_BLOCKS", "REQUIRED", "Attr", "Dim", "InferCtx", "OpSpec", "Shape",
-    "TensorType", "broadcast_shapes", "dims_equal_or_symbolic", "matmul_shape", "normalize_attrs", "parse_einsum",
+    "OPS", "LEAF_OPS", "RANDOM_OPS", "CONTROL_OPS", "QUANT_BLOCKS", "REQUIRED", "Attr", "Dim", "InferCtx", "OpSpec",
+    "Shape", "TensorType", "broadcast_shapes", "dims_equal_or_symbolic", "matmul_shape", "normalize_attrs", "parse_einsum",
     "slice_bounds", "slice_dim", "window_count",
 ]

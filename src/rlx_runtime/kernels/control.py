@@ -53,7 +53,7 @@ def _empty_scan(xp, body, name: str, args: list, axis: int = 0):
             sizes.setdefault(d, got)
     dims = [d if isinstance(d, int) else sizes.get(d, 0) for d in body.types[name].shape]
     dims.insert(axis, 0)
-    return xp.zeros(tuple(dims), dtype=compute_dtype(t.dtype))
+    return xp.zeros(tuple(dims), dtype=compute_dtype(body.types[name].dtype))
 
 
 @kernel("Item")
