@@ -12,6 +12,6 @@ from .infer_shape import parse_einsum, slice_bounds, slice_dim
 
 __all__ = [
     "OPS", "LEAF_OPS", "RANDOM_OPS", "CONTROL_OPS", "QUANT_BLOCKS", "REQUIRED", "Attr", "Dim", "InferCtx", "OpSpec",
-    "Shape", "TensorType", "broadcast_shapes", "dims_equal_or_symbolic", "matmul_shape", "normalize_attrs", "parse_einsum",
-    "slice_bounds", "slice_dim", "window_count",
+    "Shape", "TensorType", "broadcast_shapes", "dims_equal_or_symbolic", "matmul_shape", "normalize_attrs",
+    "parse_einsum", "slice_bounds", "slice_dim", "window_count",
 ]
