@@ -164,9 +164,9 @@ def _loop(ctx: InferCtx) -> TensorType:
                        f"condition, {n} loop-carried, {n_caps} captured)")
     for k, (want, what) in enumerate((("i64", "iteration number"), ("bool", "condition"))):
         v = body.inputs[k]
-        if v.dtype != want or len(v.shape) != 0:
+        if v.dtype != want or tuple(v.shape) not in ((), (1,)):
             raise ctx.fail(f"body input {k} ({v.name!r}, the {what}) is declared {v.dtype}{list(v.shape)}; "
-                           f"expected {want}[]")
+                           f"expected {want}[] or {want}[1]")
     inits = list(ctx.inputs[n_formal:n_formal + n])
     binding: dict = {}
     _bind(ctx, "body", body, 2, inits, "loop-carried value", binding)
@@ -177,9 +177,7 @@ def _loop(ctx: InferCtx) -> TensorType:
                        f"{n} loop-carried)")
     _one_value(ctx, body.types[body.outputs[0]], "body output 0 (the condition)", ("bool",))
     items = _carried(ctx, "body", body, 2, 1, n, binding, inits)
-    trips = ctx.fresh()
-    if "M" in opt and "cond" not in opt and ctx.const(0) is not None:
-        trips = max(0, int(ctx.const(0).reshape(-1)[0]))
+    trips = ctx.fresh()  # the body's condition may end the loop early (with or without a cond input)
     for o in body.outputs[1 + n:]:
         t = body.types[o]
         items.append(TensorType(t.dtype, (trips, *_out_dims(ctx, t.shape, binding))))

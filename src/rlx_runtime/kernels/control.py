@@ -73,8 +73,7 @@ def _loop(xp, a, *ins):
     pos, trips, cond = 0, None, True
     if "M" in opt:
         trips, pos = host_ints(xp, ins[0])[0], 1
-    use_cond = "cond" in opt
-    if use_cond:
+    if "cond" in opt:
         cond, pos = _flag(xp, ins[pos]), pos + 1
     body = a["body"]
     plan = _plan(a, "body", xp)
@@ -83,12 +82,12 @@ def _loop(xp, a, *ins):
     n = len(carried)
     scans: list[list] = [[] for _ in body.outputs[1 + n:]]
     i = 0
-    cond_v = xp.asarray(True)
-    while (trips is None or i < trips) and (cond or not use_cond):
-        out = _call(plan, [xp.asarray(i, dtype=np.int64), cond_v, *carried, *caps], f"Loop body, iteration {i}")
+    it_shape, cond_v = tuple(body.inputs[0].shape), xp.ones(tuple(body.inputs[1].shape), dtype=bool)
+    while (trips is None or i < trips) and cond:
+        it = xp.full(it_shape, i, dtype=np.int64)
+        out = _call(plan, [it, cond_v.reshape(body.inputs[1].shape), *carried, *caps], f"Loop body, iteration {i}")
         cond_v, carried = out[0], out[1:1 + n]
-        if use_cond:
-            cond = _flag(xp, cond_v)
+        cond = _flag(xp, cond_v)  # also without a cond input, as onnxruntime and onnx's reference do
         for acc, v in zip(scans, out[1 + n:]):
             acc.append(v)
         i += 1
