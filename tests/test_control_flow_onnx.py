@@ -102,3 +102,83 @@ def test_loop_trip_count_condition_and_scan_outputs(tmp_path, m_given, cond_give
                 feeds.append(_feeds(m, c, limit))
     graph, rf = _check(tmp_path, model, feeds)
     assert any(n.op == "Loop" for n in rf.graph.nodes)
+
+
+def _if_model(nest_loop=False):
+    """then: x @ W (an initializer, read by name) -> [b, 3]; else: Concat(x, x) along 0 -> [2b, 4]... both
+    rank 2, different shapes; with nest_loop, the else branch runs a Loop of 2 iterations doubling x."""
+    then_g = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["t_out"])], "then", [],
+                               [_vi("t_out", F, ["b", 3])])
+    if nest_loop:
+        body = helper.make_graph([helper.make_node("Add", ["v_in", "v_in"], ["v_out"]),
+                                  helper.make_node("Identity", ["c_in"], ["c_out"])], "inner",
+                                 [_vi("j", I64, []), _vi("c_in", B, []), _vi("v_in", F, ["b", 4])],
+                                 [_vi("c_out", B, []), _vi("v_out", F, ["b", 4])])
+        else_nodes = [helper.make_node("Loop", ["two", "", "x"], ["e_out"], body=body)]
+        else_out = _vi("e_out", F, ["b", 4])
+    else:
+        else_nodes = [helper.make_node("Concat", ["x", "x"], ["e_out"], axis=0)]
+        else_out = _vi("e_out", F, ["b2", 4])
+    else_g = helper.make_graph(else_nodes, "else", [], [else_out])
+    nodes = [helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+             helper.make_node("Greater", ["s", "zero"], ["cond"]),
+             helper.make_node("If", ["cond"], ["y"], then_branch=then_g, else_branch=else_g)]
+    inits = [numpy_helper.from_array(R.standard_normal((4, 3)).astype(np.float32), "W"),
+             numpy_helper.from_array(np.array(0, np.float32), "zero"),
+             numpy_helper.from_array(np.array(2, np.int64), "two")]
+    return _model(nodes, [_vi("x", F, ["b", 4])], [_vi("y", F, ["r", "c"])], inits)
+
+
+def test_if_with_a_run_time_condition_takes_either_branch(tmp_path):
+    x = R.standard_normal((3, 4)).astype(np.float32)
+    pos, neg = np.abs(x), -np.abs(x)
+    graph, rf = _check(tmp_path, _if_model(), [{"x": pos}, {"x": neg}, {"x": pos[:1]}])
+    assert [n.op for n in rf.graph.nodes].count("If") == 1
+    ours = Session().compile(rf)
+    assert ours.run({"x": pos})["y"].shape == (3, 3) and ours.run({"x": neg})["y"].shape == (6, 4)
+
+
+def test_loop_nested_in_an_if_branch(tmp_path):
+    x = R.standard_normal((2, 4)).astype(np.float32)
+    graph, _ = _check(tmp_path, _if_model(nest_loop=True), [{"x": -np.abs(x)}, {"x": np.abs(x)[:, :4]}])
+    body = next(n for n in graph.nodes if n.op == "If").attrs["else_branch"]
+    assert [n.op for n in body.nodes if n.op == "Loop"] == ["Loop"]
+
+
+def _scan_model(in_axis, in_dir, out_axis, out_dir):
+    """state s += x_t (a row of x along in_axis); scan out y_t = s * x_t."""
+    body = helper.make_graph([helper.make_node("Add", ["s_in", "x_t"], ["s_out"]),
+                              helper.make_node("Mul", ["s_out", "x_t"], ["y_t"])], "body",
+                             [_vi("s_in", F, [3]), _vi("x_t", F, [3])], [_vi("s_out", F, [3]), _vi("y_t", F, [3])])
+    attrs = {"num_scan_inputs": 1, "scan_input_axes": [in_axis], "scan_input_directions": [in_dir],
+             "scan_output_axes": [out_axis], "scan_output_directions": [out_dir]}
+    x_shape = [5, 3] if in_axis == 0 else [3, 5]
+    y_shape = [5, 3] if out_axis in (0, -2) else [3, 5]
+    node = helper.make_node("Scan", ["s0", "x"], ["s", "y"], body=body, **attrs)
+    return _model([node], [_vi("s0", F, [3]), _vi("x", F, x_shape)], [_vi("s", F, [3]), _vi("y", F, y_shape)])
+
+
+@pytest.mark.parametrize("in_axis,in_dir,out_axis,out_dir", [(0, 0, 0, 0), (0, 1, 0, 0), (1, 0, 1, 1), (1, 1, -2, 1)])
+def test_scan_axes_and_directions(tmp_path, in_axis, in_dir, out_axis, out_dir):
+    model = _scan_model(in_axis, in_dir, out_axis, out_dir)
+    x = R.standard_normal((5, 3) if in_axis == 0 else (3, 5)).astype(np.float32)
+    _check(tmp_path, model, [{"s0": R.standard_normal(3).astype(np.float32), "x": x}])
+
+
+def test_unsupported_ops_inside_bodies_are_listed_with_where_they_are(tmp_path):
+    from rlx_format import RlxError
+
+    body = helper.make_graph([helper.make_node("Add", ["v_in", "v_in"], ["v_out"]),
+                              helper.make_node("Identity", ["c_in"], ["c_out"]),
+                              helper.make_node("Det", ["sq"], ["d"], name="det_in_body")], "body",
+                             [_vi("i", I64, []), _vi("c_in", B, []), _vi("v_in", F, [2])],
+                             [_vi("c_out", B, []), _vi("v_out", F, [2]), _vi("d", F, [])])
+    m = _model([helper.make_node("Loop", ["M", "", "x"], ["v", "ds"], body=body, name="lp")],
+               [_vi("M", I64, []), _vi("x", F, [2]), _vi("sq", F, [2, 2])], [_vi("v", F, [2]), _vi("ds", F, [None])])
+    p = tmp_path / "m.onnx"
+    onnx.save(m, p)
+    with pytest.raises(RlxError) as e:
+        import_onnx(p)
+    msg = str(e.value)
+    assert "Det (inside a subgraph): 1 node(s), e.g. det_in_body (in lp.body)" in msg
+    assert "Add" not in msg.split("supported ONNX ops")[0]  # the ops that lower are not reported
