@@ -182,3 +182,93 @@ def test_unsupported_ops_inside_bodies_are_listed_with_where_they_are(tmp_path):
     msg = str(e.value)
     assert "Det (inside a subgraph): 1 node(s), e.g. det_in_body (in lp.body)" in msg
     assert "Add" not in msg.split("supported ONNX ops")[0]  # the ops that lower are not reported
+
+
+def _onnx_node_cases():
+    import warnings
+
+    from onnx.backend.test.case.node import collect_testcases
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the case generators compute their expected outputs with numpy
+        return {c.name: c for c in collect_testcases(None)}
+
+
+# the onnx package's node cases for If/Loop/Scan on tensors (its test data ships only as these generators):
+# test_if_seq / test_if_opt / test_loop13_seq / test_loop16_seq_none use sequence and optional types,
+# test_scan_sum is opset 8's batched Scan; those are refused (rlx has tensors only)
+NODE_CASES = ["test_if", "test_loop11", "test_scan9_sum"]
+REFUSED_CASES = ["test_if_seq", "test_if_opt", "test_loop13_seq", "test_loop16_seq_none", "test_scan_sum"]
+
+
+@pytest.mark.parametrize("name", NODE_CASES)
+def test_onnx_backend_node_case(tmp_path, name):
+    case = _onnx_node_cases()[name]
+    p = tmp_path / "m.onnx"
+    onnx.save(case.model, p)
+    graph, weights = import_onnx(p)
+    rf, _ = bake(graph, weights)
+    compiled = Session().compile(rf)
+    for inputs, outputs in case.data_sets:
+        ours = compiled.run(dict(zip(graph.input_names, inputs, strict=True)))
+        for o, ref in zip(graph.outputs, outputs, strict=True):
+            np.testing.assert_allclose(ours[o], ref, rtol=1e-6, atol=1e-6)
+        ref_ort = ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(
+            None, dict(zip(graph.input_names, inputs, strict=True)))
+        for o, ref in zip(graph.outputs, ref_ort, strict=True):
+            np.testing.assert_allclose(ours[o], ref, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", REFUSED_CASES)
+def test_onnx_backend_node_cases_with_sequences_are_refused_clearly(tmp_path, name):
+    from rlx_format import RlxError
+
+    p = tmp_path / "m.onnx"
+    onnx.save(_onnx_node_cases()[name].model, p)
+    with pytest.raises(RlxError, match="does not support|unsupported type"):
+        import_onnx(p)
+
+
+def _torch_modules():
+    torch = pytest.importorskip("torch")
+
+    class RNNLoop(torch.nn.Module):  # a for-loop over a tensor dim: Loop with a trip count from Shape
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            h = torch.zeros_like(x[0])
+            for i in range(x.shape[0]):
+                h = torch.tanh(self.lin(x[i]) + h)
+            return h
+
+    class Branch(torch.nn.Module):  # a data-dependent branch: If on a run-time condition
+        def forward(self, x):
+            if x.sum() > 0:
+                y = x * 2
+            else:
+                y = x - 1
+            return y
+
+    return torch, {"loop": RNNLoop, "if": Branch}
+
+
+@pytest.mark.parametrize("kind", ["loop", "if"])
+def test_torch_script_exports(tmp_path, kind):
+    import warnings
+
+    torch, modules = _torch_modules()
+    torch.manual_seed(0)
+    p = tmp_path / "m.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(torch.jit.script(modules[kind]()), (torch.randn(3, 4),), str(p), dynamo=False,
+                          input_names=["x"], output_names=["y"], dynamic_axes={"x": {0: "t"}}, opset_version=17)
+    op = {"loop": "Loop", "if": "If"}[kind]
+    assert op in [n.op_type for n in onnx.load(str(p)).graph.node]  # torch really exported control flow
+    model = onnx.load(str(p))
+    x = R.standard_normal((5, 4)).astype(np.float32)
+    graph, rf = _check(tmp_path, model, [{"x": x}, {"x": -np.abs(x[:2])}, {"x": np.abs(x)}, {"x": x[:0]}]
+                       if kind == "loop" else [{"x": np.abs(x)}, {"x": -np.abs(x)}])
+    assert op in [n.op for n in rf.graph.nodes]
