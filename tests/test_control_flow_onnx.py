@@ -272,3 +272,24 @@ def test_torch_script_exports(tmp_path, kind):
     graph, rf = _check(tmp_path, model, [{"x": x}, {"x": -np.abs(x[:2])}, {"x": np.abs(x)}, {"x": x[:0]}]
                        if kind == "loop" else [{"x": np.abs(x)}, {"x": -np.abs(x)}])
     assert op in [n.op for n in rf.graph.nodes]
+
+
+def test_weight_work_inside_a_loop_body_folds_out_of_it(tmp_path):
+    """Body: h = tanh(x_t @ Transpose(W) + h); W only read inside the body. The bake moves Transpose(W) out of
+    the body and folds it: the file stores W transposed once, and the body no longer transposes per iteration."""
+    body = helper.make_graph([helper.make_node("Transpose", ["W"], ["Wt"], perm=[1, 0]),
+                              helper.make_node("MatMul", ["x_t", "Wt"], ["xw"]),
+                              helper.make_node("Add", ["xw", "h_in"], ["pre"]),
+                              helper.make_node("Tanh", ["pre"], ["h_out"])], "body",
+                             [_vi("h_in", F, [1, 6]), _vi("x_t", F, [1, 4])], [_vi("h_out", F, [1, 6])])
+    node = helper.make_node("Scan", ["h0", "x"], ["h"], body=body, num_scan_inputs=1)
+    w = R.standard_normal((6, 4)).astype(np.float32)
+    model = _model([node], [_vi("h0", F, [1, 6]), _vi("x", F, ["t", 1, 4])], [_vi("h", F, [1, 6])],
+                   [numpy_helper.from_array(w, "W")])
+    feeds = [{"h0": np.zeros((1, 6), np.float32), "x": R.standard_normal((t, 1, 4)).astype(np.float32)}
+             for t in (3, 1)]  # onnxruntime refuses a Scan of length 0
+    graph, rf = _check(tmp_path, model, feeds)
+    (scan,) = [n for n in rf.graph.nodes if n.op == "Scan"]
+    assert [n.op for n in scan.attrs["body"].nodes] == ["MatMul", "Add", "Tanh"]
+    (stored,) = rf.weights.values()
+    np.testing.assert_array_equal(stored.array(), w.T)
