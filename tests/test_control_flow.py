@@ -1,5 +1,5 @@
-"""ONNX If: a condition known at import inlines the taken branch (against onnxruntime); a run-time one is
-refused with the ops of both branches listed."""
+"""ONNX If: a condition known at import inlines the taken branch (against onnxruntime); a run-time one becomes
+an If node with both branches (tests/test_control_flow_onnx.py)."""
 
 import numpy as np
 import onnx
@@ -9,7 +9,6 @@ from onnx import TensorProto, helper, numpy_helper
 
 from rlx_bake import BakeOptions, bake
 from rlx_bake.onnx import import_onnx
-from rlx_format import RlxError
 from rlx_runtime import Session
 
 R = np.random.default_rng(2)
@@ -63,12 +62,17 @@ def test_if_on_a_condition_from_static_shapes_folds_at_import(tmp_path):
     np.testing.assert_array_equal(Session().compile(rf).run({"x": x})["y"], ref)
 
 
-def test_if_on_a_run_time_condition_is_refused_naming_the_branch_ops(tmp_path):
+def test_if_on_a_run_time_condition_keeps_both_branches(tmp_path):
     m = _model([], [helper.make_tensor_value_info("cond", TensorProto.BOOL, [])])
     path = tmp_path / "m.onnx"
-    onnx.save(m, str(path))
-    with pytest.raises(RlxError) as e:
-        import_onnx(path)
-    msg = str(e.value)
-    assert "If (If with a condition computed at run time)" in msg
-    assert "Add (inside a subgraph)" in msg and "Mul (inside a subgraph)" in msg
+    onnx.save(m, path)
+    graph, weights = import_onnx(path)
+    rf, _ = bake(graph, weights)
+    (node,) = [n for n in rf.graph.nodes if n.op == "If"]
+    assert [n.op for n in node.attrs["then_branch"].nodes] == ["Add"]
+    assert [n.op for n in node.attrs["else_branch"].nodes] == ["Mul"]
+    x = R.standard_normal((3, 4)).astype(np.float32)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for c in (True, False):
+        feeds = {"x": x, "cond": np.array(c)}
+        np.testing.assert_array_equal(Session().compile(rf).run(feeds)["y"], sess.run(None, feeds)[0])

@@ -16,6 +16,7 @@ MAX_NODES = 10_000_000
 MAX_RANK = 16
 MAX_DIM = 1 << 48
 MAX_STR = 1 << 16
+MAX_BODY_DEPTH = 16               # If/Loop/Scan bodies nested at most this deep (nodes: MAX_NODES in all)
 HEADER_KEYS = ("graph", "weights", "meta", "digest_algo")  # the only top-level header keys
 HEADER_BYTES_PER_CONTAINER = 8     # a header decodes to at most one map/array per this many bytes
 HEADER_CONTAINER_ALLOWANCE = 4096  # ... plus this many (tiny headers)

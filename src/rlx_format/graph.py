@@ -21,16 +21,18 @@ from typing import Any
 
 import numpy as np
 
-from .constants import MAX_DIM, MAX_NODES, MAX_RANK, MAX_STR
+from .constants import MAX_BODY_DEPTH, MAX_DIM, MAX_NODES, MAX_RANK, MAX_STR
 from .dtypes import NUMPY_DTYPES, bf16_to_f32, check_dtype, f32_to_bf16
 from .errors import GraphError, brief
 from .ops import LEAF_OPS, OPS, InferCtx, TensorType, normalize_attrs
 from .ops.core import INT64_MAX, INT64_MIN
+from .ops.infer_control import TupleType, bodies
 
 FORMAT_NAME = "rlx.graph"
 GRAPH_VERSION_MAJOR = 1
 GRAPH_VERSION_MINOR = 0
 _TOP_KEYS = ("format", "version", "name", "inputs", "params", "constants", "nodes", "outputs")
+_BODY_KEYS = ("name", "inputs", "constants", "nodes", "outputs")  # an If/Loop/Scan body (attr kind "graph")
 
 
 @dataclass
@@ -112,6 +114,7 @@ class Graph:
         g.nodes = [Node(n.name, n.op, list(n.inputs), dict(n.attrs)) for n in self.nodes]
         g.outputs = list(self.outputs)
         g.types = dict(self.types)
+        g.depth = getattr(self, "depth", 0)
         return g
 
     def __repr__(self) -> str:
@@ -162,7 +165,9 @@ class Graph:
                     hint = f" (did you mean {close[0]!r}?)" if close else ""
                     raise GraphError(f"node {n.name!r:.200} ({n.op}): input {i!r:.200} is not defined{hint}")
         self.nodes = _toposort(self.nodes, set(types))
+        self.depth = _body_depth(self)
         for n in self.nodes:
+            _check_tuple_reads(n, types)
             ctx = InferCtx(n.name, n.op, [types[i] for i in n.inputs], n.attrs, [consts.get(i) for i in n.inputs])
             t = OPS[n.op].infer(ctx)
             _check_inferred(t, n)
@@ -176,6 +181,10 @@ class Graph:
                 raise GraphError(f"output {o!r} names nothing; expected an input, param, constant or node name")
         if len(set(self.outputs)) != len(self.outputs):
             raise GraphError(f"outputs {self.outputs} repeat a name")
+        for o in self.outputs:
+            if isinstance(types[o], TupleType):
+                raise GraphError(f"output {o!r} is the tuple of results of a control-flow node; name one result "
+                                 "(an Item node) instead")
         self.types = types
         return self
 
@@ -195,7 +204,7 @@ class Graph:
 
         def node(n: Node) -> dict:
             d: dict[str, Any] = {"name": n.name, "op": n.op, "inputs": list(n.inputs)}
-            attrs = _explicit_attrs(n)
+            attrs = {k: v.to_body_dict() if isinstance(v, Graph) else v for k, v in _explicit_attrs(n).items()}
             if attrs:
                 d["attrs"] = attrs
             return d
@@ -206,6 +215,11 @@ class Graph:
             "constants": [const(c) for c in self.constants.values()],
             "nodes": [node(n) for n in self.nodes], "outputs": list(self.outputs),
         }
+
+    def to_body_dict(self) -> dict:
+        """This graph as an If/Loop/Scan body: no format, version or params; constants carry their data."""
+        d = self.to_dict()
+        return {k: d[k] for k in _BODY_KEYS}
 
     def to_json(self, path: str | os.PathLike | None = None) -> str:
         """Deterministic graph.json text; also written to `path` when given."""
@@ -264,9 +278,14 @@ class Graph:
                 raise GraphError(f"'{key}' must be a list; got {type(d[key]).__name__}")
             if len(d.get(key, [])) > MAX_NODES:
                 raise GraphError(f"'{key}' has {len(d[key])} entries; the cap is {MAX_NODES}")
+        _check_body_nesting(d)
+        return cls._from_parts(d, "")
+
+    @classmethod
+    def _from_parts(cls, d: dict, where: str) -> Graph:
         name = d.get("name", "graph")
         if not isinstance(name, str):
-            raise GraphError(f"'name' must be a string; got {name!r}")
+            raise GraphError(f"{where}'name' must be a string; got {name!r}")
         inputs = [_decl_from(e, "inputs", i) for i, e in enumerate(d.get("inputs", []))]
         params = [_decl_from(e, "params", i) for i, e in enumerate(d.get("params", []))]
         consts = [_const_from(e, i) for i, e in enumerate(d.get("constants", []))]
@@ -354,6 +373,10 @@ def _json_path(d: dict, path: tuple) -> str:
 def _check_inferred(t: TensorType, n: Node) -> None:
     """Every inferred shape obeys the limits of a declared one: a negative dim (Tile by -1, ConvTranspose
     over-padded) or a huge one must fail here, not at run time."""
+    if isinstance(t, TupleType):
+        for item in t.items:
+            _check_inferred(item, n)
+        return
     if t.rank > MAX_RANK:
         raise GraphError(f"node {n.name!r} ({n.op}): output rank {t.rank} exceeds the cap of {MAX_RANK}")
     for d in t.shape:
@@ -472,7 +495,72 @@ def _node_from(e: Any, i: int) -> Node:
     e = _entry(e, "nodes", i, ("name", "op"))
     if not isinstance(e["op"], str):
         raise GraphError(f"nodes[{i}] {e['name']!r}: op must be a string; got {e['op']!r}")
-    return Node(e["name"], e["op"], e.get("inputs", []), e.get("attrs", {}) or {})
+    attrs = e.get("attrs", {}) or {}
+    spec = OPS.get(e["op"])
+    if spec is not None and isinstance(attrs, dict):
+        for k, a in spec.attrs.items():
+            if a.kind == "graph" and isinstance(attrs.get(k), dict):
+                attrs = {**attrs, k: _body_from(attrs[k], f"node {e['name']!r} ({e['op']}) attr {k!r}")}
+    return Node(e["name"], e["op"], e.get("inputs", []), attrs)
+
+
+def _body_from(d: dict, where: str) -> Graph:
+    """An If/Loop/Scan body (spec/graph-json.md, Bodies): a closed graph without params; errors say where."""
+    extra = sorted(set(d) - set(_BODY_KEYS))
+    if extra:
+        raise GraphError(f"{where}: unknown body field(s) {extra}; expected only {list(_BODY_KEYS)} (a body has no "
+                         "params: it reads weights as captured inputs)")
+    for key in ("inputs", "constants", "nodes", "outputs"):
+        if not isinstance(d.get(key, []), list):
+            raise GraphError(f"{where}: '{key}' must be a list; got {type(d[key]).__name__}")
+    try:
+        return Graph._from_parts(d, "")
+    except GraphError as e:
+        raise GraphError(f"{where}: {e}") from None
+
+
+def _check_body_nesting(d: dict) -> None:
+    """Before any body is built (bodies are built recursively): nesting depth <= MAX_BODY_DEPTH and at most
+    MAX_NODES nodes in all graphs together. Iterative."""
+    stack, total = [(d, 0)], 0
+    while stack:
+        g, depth = stack.pop()
+        nodes = g.get("nodes", [])
+        if not isinstance(nodes, list):
+            continue  # the graph's own checks name it
+        total += len(nodes)
+        if total > MAX_NODES:
+            raise GraphError(f"the graph and its bodies have more than {MAX_NODES} nodes in all (the cap)")
+        for e in nodes:
+            spec = OPS.get(e.get("op")) if isinstance(e, dict) and isinstance(e.get("op"), str) else None
+            attrs = e.get("attrs") if spec is not None else None
+            if not isinstance(attrs, dict):
+                continue
+            for k, a in spec.attrs.items():
+                if a.kind == "graph" and isinstance(attrs.get(k), dict):
+                    if depth + 1 > MAX_BODY_DEPTH:
+                        raise GraphError(f"node {brief(e.get('name'))} ({e['op']}): bodies nested more than "
+                                         f"{MAX_BODY_DEPTH} deep; the cap is {MAX_BODY_DEPTH}")
+                    stack.append((attrs[k], depth + 1))
+
+
+def _body_depth(g: Graph) -> int:
+    """How deep bodies nest below `g` (0: none), from the bodies' own (already validated) depths."""
+    depth = 0
+    for n in g.nodes:
+        for b in bodies(n):
+            if isinstance(b, Graph):
+                depth = max(depth, getattr(b, "depth", 0) + 1)
+    if depth > MAX_BODY_DEPTH:
+        raise GraphError(f"bodies nested {depth} deep; the cap is {MAX_BODY_DEPTH}")
+    return depth
+
+
+def _check_tuple_reads(n: Node, types: dict) -> None:
+    for i in n.inputs:
+        if isinstance(types[i], TupleType) and n.op != "Item":
+            raise GraphError(f"node {n.name!r} ({n.op}): input {i!r} is the tuple of results of a control-flow "
+                             "node; read one result with an Item node (attr index)")
 
 
 def _decode_data(data: Any, v: Value, where: str) -> np.ndarray:

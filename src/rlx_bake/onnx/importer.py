@@ -13,6 +13,7 @@ from rlx_format.graph import Graph, Value
 from ..weights import WeightSet
 from . import lower_control, lower_math, lower_nn, lower_qint, lower_rnn, lower_shape  # noqa: F401 - fill LOWER
 from .context import _attrs, _Ctx, _DTYPES, LOWER, onnx, Unsupported
+from .lower_control import BodyUnsupported
 
 
 def _value_type(vi) -> tuple[str, tuple] | None:
@@ -115,6 +116,10 @@ def import_onnx(path: str | os.PathLike) -> tuple[Graph, WeightSet]:
             continue
         try:
             lower(ctx, n, _attrs(n))
+        except BodyUnsupported as e:  # the ops inside its bodies that cannot be lowered, each with where it is
+            for sub_key, sub_label in e.items:
+                unsupported[sub_key] += 1
+                where.setdefault(sub_key, []).append(sub_label)
         except Unsupported as e:
             key = f"{n.op_type} ({e})"
             unsupported[key] += 1

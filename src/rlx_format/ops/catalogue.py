@@ -10,6 +10,7 @@ from ..dtypes import DTYPES
 from ..errors import GraphError, brief
 
 from .core import INT64_MAX, INT64_MIN, REQUIRED, Attr, OpSpec, _float_unary, _numeric_unary, _same
+from .infer_control import _if, _item, _loop, _scan
 from .infer_integer import _conv_integer, _matmul_integer
 from .infer_rnn import OPTIONAL as RNN_OPTIONAL
 from .infer_rnn import _recurrent
@@ -145,8 +146,19 @@ _reg("RandomUniform", 0, _random, {"shape": Attr("ints", lo=0), "low": Attr("flo
                                    "high": Attr("float", 1.0), "seed": _SEED, "dtype": Attr("dtype", "f32")},
      kind="random")
 
+# control flow (infer_control.py): bodies are closed graphs; the last `num_captures` inputs feed their last inputs
+_reg("If", (1, 1 << 16), _if, {"then_branch": Attr("graph"), "else_branch": Attr("graph")}, kind="control")
+_reg("Loop", (0, 1 << 16), _loop, {"body": Attr("graph"), "optional": Attr("strs", []),
+                                   "num_captures": Attr("int", 0, lo=0)}, kind="control")
+_reg("Scan", (1, 1 << 16), _scan, {"body": Attr("graph"), "num_scan_inputs": Attr("int", lo=1),
+                                   "scan_input_axes": Attr("ints", None), "scan_input_directions": Attr("ints", None),
+                                   "scan_output_axes": Attr("ints", None), "scan_output_directions": Attr("ints", None),
+                                   "num_captures": Attr("int", 0, lo=0)}, kind="control")
+_reg("Item", 1, _item, {"index": Attr("int", lo=0)})
+
 LEAF_OPS = ("Input", "Param", "Constant")
 RANDOM_OPS = frozenset(n for n, s in OPS.items() if s.kind == "random")
+CONTROL_OPS = frozenset(n for n, s in OPS.items() if s.kind == "control")  # values are tuples; never folded
 
 
 def normalize_attrs(op: str, attrs: dict, where: str) -> dict[str, Any]:
@@ -191,6 +203,9 @@ def _check_attr(v, a: Attr, where: str):
     elif a.kind == "strs":
         ok = isinstance(v, (list, tuple)) and all(isinstance(e, str) for e in v)
         v = list(v) if ok else v
+    elif a.kind == "graph":
+        from ..graph import Graph  # the catalogue is imported by graph.py
+        ok = isinstance(v, Graph)
     elif a.kind in ("ints", "floats"):
         ok = isinstance(v, (list, tuple)) and all(_is_int(e) if a.kind == "ints" else _is_number(e) for e in v)
     if not ok:

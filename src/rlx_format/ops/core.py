@@ -43,7 +43,7 @@ class Attr:
     of floats) MUST be finite and >= lo, unless `nonfinite` (fill values, clip bounds: inf and NaN mean
     something there)."""
 
-    kind: str  # int | float | str | ints | floats | strs | dtype
+    kind: str  # int | float | str | ints | floats | strs | dtype | graph
     default: Any = REQUIRED
     choices: tuple = ()
     lo: int | float | None = None
@@ -57,7 +57,7 @@ class OpSpec:
     max_inputs: int
     attrs: dict[str, Attr]
     infer: Callable[[InferCtx], TensorType]
-    kind: str = "compute"  # compute | random | leaf
+    kind: str = "compute"  # compute | random | control | leaf
     doc: str = ""
 
 

@@ -1,6 +1,6 @@
 """The op table. `KERNELS[op](xp, attrs, *inputs)`; the submodules register their kernels on import."""
 
-from . import data, elementwise, integer, nn, random_quant, recurrent  # noqa: F401 - they fill KERNELS
+from . import control, data, elementwise, integer, nn, random_quant, recurrent  # noqa: F401 - they fill KERNELS
 from ..backend import host_ints, special
 from .registry import FACTS, KERNELS, OVERRIDES, KernelFacts, check_table, kernel, prepare_attrs, register
 

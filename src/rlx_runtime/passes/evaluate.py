@@ -31,7 +31,7 @@ import numpy as np
 from rlx_format.dtypes import NUMPY_DTYPES, f32_to_bf16
 from rlx_format.errors import RlxError
 from rlx_format.graph import Graph, Node, Value
-from rlx_format.ops import RANDOM_OPS
+from rlx_format.ops import CONTROL_OPS, RANDOM_OPS
 
 from ..backend import CPU
 from ..kernels import prepare_attrs
@@ -50,7 +50,7 @@ def binding_times(graph: Graph, through_shape: bool = False) -> dict[str, int]:
     bt.update({k: KNOWN if c.value is not None else PARAM for k, c in graph.constants.items()})
     inputs = set(graph.input_names)
     for n in graph.nodes:
-        if n.op in RANDOM_OPS:
+        if n.op in RANDOM_OPS or n.op in CONTROL_OPS:  # control flow: never folded across an iteration/branch
             bt[n.name] = DYNAMIC
         elif n.op == "Shape" and graph.types[n.inputs[0]].is_static():
             bt[n.name] = KNOWN  # the shape is in the graph's types already

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from rlx_format.graph import Graph
 
+from ..bodies import lift_known_work
 from .evaluate import fold_known
 
 
 def constant_fold(graph: Graph, report=None, growth_limit: float | None = 16, min_bytes: int = 1 << 20,
                   budget: int | None = None) -> Graph:
     """growth_limit None: fold whatever fits the memory budget (compile-time precompute: nothing is written)."""
+    graph = lift_known_work(graph)  # known work inside If/Loop/Scan bodies moves out, to be folded here
     return fold_known(graph, report, growth_limit=growth_limit, min_bytes=min_bytes, budget=budget)
