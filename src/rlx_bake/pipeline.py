@@ -104,7 +104,9 @@ def bake(graph: Graph, weights: dict | None = None, options: BakeOptions | None 
             sources[n.inputs[0]] = (n.attrs["encoding"], n.attrs["N"], n.attrs["K"], "table rows")
         elif n.op == "Dequantize" and n.inputs[0] in ctx.packed_from:
             rows, k = n.attrs["shape"]
-            sources[n.inputs[0]] = (n.attrs["encoding"], rows, k, "conv weight, rows by its first axis")
+            pad = ctx.quality.get(n.inputs[0], {}).get("padded", 0)
+            sources[n.inputs[0]] = (n.attrs["encoding"], rows, k, "conv weight, rows by its first axis"
+                                    + (f", each padded with {pad} zeros" if pad else ""))
     for name in sorted(g.constants):
         c = g.constants[name]
         if name in sources:
@@ -117,7 +119,8 @@ def bake(graph: Graph, weights: dict | None = None, options: BakeOptions | None 
             note = f"{'lossy' if q else 'lossless'} {get_codec(enc).ggml}"
             if q and q["auto"]:
                 note += f" (auto: cosine >= {options.quant_min_cosine})"
-            report.weights.append(WeightReport(name, enc, [n_out, k], n_out * k * 4, int(c.value.nbytes),
+            dense = q["dense_bytes"] if q else n_out * k * 4
+            report.weights.append(WeightReport(name, enc, [n_out, k], dense, int(c.value.nbytes),
                                                q["max_abs_err"] if q else 0.0, q["cosine"] if q else 1.0, note))
         else:
             arr = np.require(c.value, dtype=NUMPY_DTYPES[c.dtype], requirements="C")  # keeps 0-d arrays 0-d

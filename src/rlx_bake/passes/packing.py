@@ -3,8 +3,9 @@
 - MatMul(x, W) with W a 2-D f32 constant [K, N]  -> DequantMatMul(x, pack(Wᵀ)) (rows = output channels)
 - Gather(T, idx, axis=0) with T a 2-D f32 constant [N, K] -> DequantGather(pack(T), idx)
 - Conv / ConvTranspose with a constant f32 weight [A, B, k...] -> the weight becomes
-  Reshape(Dequantize(pack(W as [A, B·k...])), W's shape): rows are W's first axis (Conv: output channels),
-  the runtime dequantizes it once at compile (constant-only work is precomputed)
+  Reshape(Dequantize(pack(W as [A, B·k...]))), W's shape): rows are W's first axis (Conv: output channels);
+  a row length that is not a multiple of the block is padded with zeros, and a Slice drops the padding
+  again. The runtime dequantizes it once at compile (constant-only work is precomputed).
 Uses of the same weight that are not rewritten keep the dense constant (and are reported).
 """
 
@@ -55,7 +56,7 @@ def conv_uses(graph: Graph) -> dict[str, list[Node]]:
 
 
 def pack_weight(graph: Graph, ctx, weight: str, nodes: list[Node], packed: np.ndarray, encoding: str,
-                suffix: str, notes: list[str]) -> str:
+                suffix: str, notes: list[str], padded: int = 0) -> str:
     """Add `packed` as a constant and rewrite `nodes` (MatMul, Gather or Conv uses of `weight`) to read it;
     `ctx.packed_from` records which dense weight it replaces."""
     dense = graph.constants[weight].value
@@ -64,7 +65,7 @@ def pack_weight(graph: Graph, ctx, weight: str, nodes: list[Node], packed: np.nd
         pname += "_"
     graph.constants[pname] = Value(pname, "u8", tuple(packed.shape), packed)
     if nodes[0].op in ("Conv", "ConvTranspose"):
-        _dequantize_before(graph, nodes, weight, pname, encoding)
+        _dequantize_before(graph, nodes, weight, pname, encoding, padded)
     for node in nodes:
         if node.op == "MatMul":
             k, n = dense.shape
@@ -86,14 +87,19 @@ def pack_weight(graph: Graph, ctx, weight: str, nodes: list[Node], packed: np.nd
     return pname
 
 
-def _dequantize_before(graph: Graph, nodes: list[Node], weight: str, pname: str, encoding: str) -> None:
-    """Insert Dequantize -> Reshape (to the weight's shape) before the first of `nodes`; they read it."""
+def _dequantize_before(graph: Graph, nodes: list[Node], weight: str, pname: str, encoding: str, padded: int) -> None:
+    """Insert Dequantize [-> Slice off the padding] -> Reshape (to the weight's shape) before the first of
+    `nodes`; they read it."""
     shape = list(graph.constants[weight].shape)
+    k = int(np.prod(shape[1:]))
     taken = graph.names()
     rows = unique_name(f"{pname}/rows", taken)
+    new = [Node(rows, "Dequantize", [pname], {"encoding": encoding, "shape": [shape[0], k + padded]})]
+    if padded:
+        new.append(Node(unique_name(f"{pname}/unpadded", taken), "Slice", [rows],
+                        {"starts": [0], "ends": [k], "axes": [1]}))
     dense = unique_name(f"{pname}/dense", taken)
-    new = [Node(rows, "Dequantize", [pname], {"encoding": encoding, "shape": [shape[0], int(np.prod(shape[1:]))]}),
-           Node(dense, "Reshape", [rows], {"shape": shape})]
+    new.append(Node(dense, "Reshape", [new[-1].name], {"shape": shape}))
     first = min(graph.nodes.index(n) for n in nodes)
     graph.nodes[first:first] = new
     for node in nodes:

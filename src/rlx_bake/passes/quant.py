@@ -1,5 +1,7 @@
-"""Quantization (opt-in, lossy): the remaining MatMul weights, Gather (embedding) tables and Conv /
-ConvTranspose weights whose row length (K; a conv's C·kh·kw) is a multiple of the codec's block.
+"""Quantization (opt-in, lossy): the remaining MatMul weights and Gather (embedding) tables whose row
+length K is a multiple of the codec's block, and Conv / ConvTranspose weights (rows: the weight's first
+axis, C·kh·kw long; a length that is not a multiple of the block is padded with zeros to one, where that
+still stores fewer bytes than f32, else the weight stays dense).
 
 The type per weight: `quant_type` (any registered lossy codec, Q8_0 by default), or `auto`: the
 smallest registered lossy codec (bits per weight) whose weight cosine, dequantized vs f32, is at least
@@ -53,13 +55,25 @@ def check_quant_choice(quant_type: str, overrides: tuple, min_cosine: float) -> 
                        f"{DEFAULT_MIN_COSINE})")
 
 
-def _measure(codec: Codec, rows: np.ndarray, wname: str) -> tuple[np.ndarray, float, float] | None:
-    """(packed bytes, max abs error, cosine) of `rows` in `codec`; None where a block scale overflows fp16."""
+def _padded_row_bytes(codec: Codec, k: int) -> int:
+    return -(-k // codec.block) * codec.nbytes
+
+
+def _pad(rows: np.ndarray, block: int) -> np.ndarray:
+    """`rows` with zero columns appended up to a multiple of `block` (the same array if there is none)."""
+    pad = -rows.shape[1] % block
+    return np.pad(rows, ((0, 0), (0, pad))) if pad else rows
+
+
+def _measure(codec: Codec, rows: np.ndarray, wname: str, k: int) -> tuple[np.ndarray, float, float] | None:
+    """(packed bytes, max abs error, cosine) of `rows` in `codec`, measured on the first `k` columns (the
+    rest is padding); None where a block scale overflows fp16."""
     try:
         packed = codec.quantize(rows)
     except QuantError as e:
         raise RlxError(f"weight {wname!r} cannot be quantized to {codec.ggml}: {e}") from None
-    back = codec.dequantize(packed)
+    back = codec.dequantize(packed)[:, :k]
+    rows = rows[:, :k]
     if not np.isfinite(back).all():  # e.g. Q8_0 amax / 127 > 65504: the fp16 scale (or min) is inf
         return None
     diff = float(np.max(np.abs(back - rows))) if rows.size else 0.0
@@ -96,17 +110,19 @@ def quantize_weights(graph: Graph, ctx: PassContext) -> PassResult:
             notes.append(f"weight {src!r}: kept dense (override)")
             continue
         rows = _rows(graph.constants[wname].value, kind)
+        k = rows.shape[1]
         what = {"matmul": "K", "gather": "row length", "conv": "C·kh·kw"}[kind]
         codecs = lossy_codecs() if choice == AUTO else [BY_SHORT[choice]]
-        fits = [c for c in codecs if rows.shape[1] % c.block == 0]
+        fits = [c for c in codecs if k % c.block == 0 or (kind == "conv" and _padded_row_bytes(c, k) < 4 * k)]
         if not fits:
             blocks = sorted({c.block for c in codecs})
-            notes.append(f"weight {src!r}: {what}={rows.shape[1]} is not a multiple of "
-                         f"{' or '.join(map(str, blocks))}; kept dense")
+            why = "; padded to the block it would not be smaller than f32" if kind == "conv" else ""
+            notes.append(f"weight {src!r}: {what}={k} is not a multiple of {' or '.join(map(str, blocks))}{why}; "
+                         "kept dense")
             continue
         got = None
         for codec in fits:
-            m = _measure(codec, rows, src)
+            m = _measure(codec, _pad(rows, codec.block), src, k)
             if m is None:
                 notes.append(f"weight {src!r}: max |value| {float(np.abs(rows).max()):.6g} is more than a "
                              f"{codec.ggml} block's fp16 scale can hold" + ("; kept dense" if choice != AUTO else ""))
@@ -120,8 +136,10 @@ def quantize_weights(graph: Graph, ctx: PassContext) -> PassResult:
                              f"(tried {', '.join(c.short for c in fits)}); kept dense")
             continue
         codec, (packed, diff, cos) = got
-        pname = pack_weight(graph, ctx, wname, nodes, packed, codec.name, f".{codec.short}", notes)
-        ctx.quality[pname] = {"type": codec.short, "max_abs_err": diff, "cosine": cos, "auto": choice == AUTO}
+        pad = -k % codec.block
+        pname = pack_weight(graph, ctx, wname, nodes, packed, codec.name, f".{codec.short}", notes, pad)
+        ctx.quality[pname] = {"type": codec.short, "max_abs_err": diff, "cosine": cos, "auto": choice == AUTO,
+                              "dense_bytes": int(rows.size) * 4, "padded": pad}
         packed_names.append(wname)
     return PassResult(graph.validate(), bool(packed_names), packed_names, notes)
 
