@@ -139,7 +139,7 @@ def _bad_cases(tmp_path):
          "weight 'w': dtype f16"),
         ([mk(tmp_path / "e", _small_graph(), {"w": np.ones((4, 32), np.float32)}), "-o", "o.rlx"], None, None, 1,
          "weight 'w': shape [4, 32]"),
-        ([mk(tmp_path / "f", _small_graph(), nan_w), "-o", "o.rlx", "--quant"], None, None, 1,
+        ([mk(tmp_path / "f", _small_graph(), nan_w), "-o", "o.rlx", "--quant", "q8_0"], None, None, 1,
          "cannot be quantized to Q8_0"),
         ([mk(tmp_path / "g", _small_graph(), {"v": np.ones(3, np.float32)}), "-o", "o.rlx"], None, None, 1,
          "none of the 1 weights matches a param"),

@@ -90,8 +90,13 @@ def test_cli_quant_choice(bundle, tmp_path):  # noqa: F811
     assert sum(w.encoding == "gguf_q4_1" for w in read_rlx(out).weights.values()) == 3
     r = invoke("inspect", out)
     assert r.exit_code == 0 and "quant 3 (q4_1)" in r.output
-    # --quant alone is Q8_0; --no-quant turns the size profile's quantization off
+    # --quant always takes its type (a bundle path after it is not read as one); --no-quant turns the size
+    # profile's quantization off
     r = invoke(bundle, "-o", tmp_path / "a.rlx", "--no-ternary", "--quant")
+    assert r.exit_code == 2 and "'--quant' requires an argument" in r.output and not (tmp_path / "a.rlx").exists()
+    r = invoke("--quant", bundle, "-o", tmp_path / "a.rlx")
+    assert r.exit_code == 2 and "is not one of 'q8_0'" in r.output and not (tmp_path / "a.rlx").exists()
+    r = invoke(bundle, "-o", tmp_path / "a.rlx", "--no-ternary", "--quant", "q8_0")
     assert r.exit_code == 0 and "quant 3 (q8_0)" in r.output
     r = invoke(bundle, "-o", tmp_path / "b.rlx", "--no-ternary", "--opt", "size", "--no-quant")
     assert r.exit_code == 0 and read_rlx(tmp_path / "b.rlx").meta["bake"]["counts"]["quant"] == 0

@@ -23,22 +23,27 @@ from rlx_format.sealed import KDF_PROFILES, decrypt_file, encrypt_file, read_sea
 
 from .display import markup_safe, plain, printable
 from .loader import check_bundle_output, load_graph, write_bundle
-from .options import DEFAULT_PROFILE, DEFAULT_QUANT_TYPE, PROFILES, QUANT_TYPES, BakeOptions
+from .options import AUTO, DEFAULT_MIN_COSINE, DEFAULT_PROFILE, DEFAULT_QUANT_TYPE, DENSE, PROFILES, BakeOptions
+from .passes.quant import quant_types
+from .passes.registry import PROFILE_HELP, STAGES
 from .passwords import password_options, resolve_password
 from .pipeline import bake as bake_fn
 
 
 class DefaultGroup(click.Group):
-    """`rlx-bake INPUT -o OUT` means `rlx-bake bake INPUT -o OUT`."""
+    """`rlx-bake INPUT -o OUT` means `rlx-bake bake INPUT -o OUT`; the global options work anywhere."""
+
+    GLOBAL = ("-q", "--quiet", "--debug")
 
     def parse_args(self, ctx, args):
-        # group options (-q, --debug, --help, --version) take no values: the first other word decides
-        first = next((i for i, a in enumerate(args) if not a.startswith("-")), None)
-        if first is not None and args[first] not in self.commands:
-            args = [*args[:first], "bake", *args[first:]]
-        elif first is None and any(a not in ("-q", "--quiet", "--debug", "-h", "--help", "--version") for a in args):
-            args = ["bake", *args]
-        return super().parse_args(ctx, args)
+        # -q/--debug may come after the command's own arguments: move them in front (before any `--`)
+        end = args.index("--") if "--" in args else len(args)
+        glob = [a for a in args[:end] if a in self.GLOBAL]
+        rest = [a for a in args[:end] if a not in self.GLOBAL] + args[end:]
+        # a command name or the group's own --help/--version first: the group; anything else is a bake
+        if rest and rest[0] not in self.commands and rest[0] not in ("-h", "--help", "--version"):
+            rest = ["bake", *rest]
+        return super().parse_args(ctx, [*glob, *rest])
 
 
 class State:
@@ -82,8 +87,8 @@ def progress(state: State, what: str):
 
 @click.group(cls=DefaultGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option("0.1.0", prog_name="rlx-bake")
-@click.option("-q", "--quiet", is_flag=True, help="No progress or tables on stderr.")
-@click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress, tables or 'wrote' lines (anywhere on the line).")
+@click.option("--debug", is_flag=True, help="Show tracebacks for errors (anywhere on the line).")
 @click.pass_context
 def main(ctx, quiet, debug):
     """Bake a model (graph + weights) into one .rlx file, and inspect, seal, verify or run .rlx files.
@@ -96,8 +101,27 @@ def main(ctx, quiet, debug):
     ctx.obj = State(quiet, debug)
 
 
-def _flag(name: str, help_: str):
-    return click.option(f"--{name}/--no-{name}", default=None, help=help_)
+def _stage_flags(f):
+    """One --X/--no-X option per bake stage (passes/registry.py); None keeps the profile's choice."""
+    for stage in reversed(STAGES):
+        if stage.flag == "quant":  # --quant takes the type; --no-quant is below
+            continue
+        f = click.option(f"--{stage.flag}/--no-{stage.flag}", default=None, help=stage.help)(f)
+    return f
+
+
+def _parse_overrides(specs: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    out = []
+    for spec in specs:
+        glob, sep, t = spec.rpartition("=")
+        if not sep or not glob or not t:
+            raise click.BadParameter(f"{spec!r}; expected GLOB=TYPE, e.g. 'emb.*=q8_0' or 'head.*={DENSE}'",
+                                     param_hint="--quant-weight")
+        out.append((glob, t.strip().lower()))
+    return tuple(out)
+
+
+_QUANT_HELP = next(s.help for s in STAGES if s.flag == "quant")
 
 
 @main.command("bake")
@@ -105,36 +129,40 @@ def _flag(name: str, help_: str):
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help="Output .rlx file.")
 @click.option("--weights", type=click.Path(path_type=Path), help="safetensors file (default: the bundle's).")
 @click.option("--opt", "profile", type=click.Choice(list(PROFILES)), default=DEFAULT_PROFILE, show_default=True,
-              help="merge: package only; fold: + constant folding; exact: + lossless packing; size: + quantization "
-                   "(--quant TYPE, default q8_0).")
-@_flag("fold", "Constant-fold weight-only subgraphs.")
-@_flag("simplify", "Algebraic simplification.")
-@_flag("dce", "Dead-code elimination and constant dedupe.")
-@_flag("skip", "Replace MatMuls with all-zero weights by zeros.")
-@_flag("ternary", "Pack exactly ternary MatMul weights losslessly (TQ1_0).")
-@click.option("--quant", "quant_type", type=click.Choice(QUANT_TYPES), is_flag=False, flag_value=DEFAULT_QUANT_TYPE,
-              default=None, help=f"Quantize remaining MatMul weights and embedding tables (lossy) to TYPE "
-                                 f"(--quant alone: {DEFAULT_QUANT_TYPE}).")
+              help="; ".join(f"{k}: {v}" for k, v in PROFILE_HELP.items()) + ".")
+@_stage_flags
+@click.option("--quant", "quant_type", type=click.Choice([*quant_types(), AUTO]), default=None, metavar="TYPE|auto",
+              help=f"{_QUANT_HELP} TYPE: {', '.join(quant_types())} (the size profile's default: "
+                   f"{DEFAULT_QUANT_TYPE}); auto: per weight the smallest type whose cosine stays >= --max-error.")
 @click.option("--no-quant", is_flag=True, help="Do not quantize (overrides the size profile).")
+@click.option("--max-error", "--min-cosine", "min_cosine", type=click.FloatRange(-1.0, 1.0), default=None,
+              metavar="COS", help=f"--quant auto: the lowest weight cosine (dequantized vs f32) accepted "
+                                  f"(default {DEFAULT_MIN_COSINE}).")
+@click.option("--quant-weight", "quant_weights", multiple=True, metavar="GLOB=TYPE",
+              help=f"Per-weight type by glob over param names, e.g. 'emb.*=q8_0' (repeatable, the last match wins; "
+                   f"TYPE may be auto or {DENSE}).")
 @click.option("--strict", is_flag=True, help="Error if a param has no weight.")
 @password_options
 @click.option("--kdf", type=click.Choice(list(KDF_PROFILES)), default="default", show_default=True,
               help="Argon2id strength when sealing (default = RFC 9106 64 MiB, t=3, p=4).")
 @click.option("--report-json", type=click.Path(path_type=Path), help="Also write the bake report as JSON.")
 @click.pass_obj
-def bake_cmd(state, input_path, output, weights, profile, fold, simplify, dce, skip, ternary, quant_type, no_quant,
-             strict, password_env, password_stdin, password_value, kdf, report_json):
+def bake_cmd(state, input_path, output, weights, profile, quant_type, no_quant, min_cosine, quant_weights, strict,
+             password_env, password_stdin, password_value, kdf, report_json, **flags):
     """Bake INPUT into OUTPUT (.rlx), optionally sealed with a password."""
     if quant_type is not None and no_quant:
         raise click.UsageError("--quant and --no-quant contradict each other; give one of them")
+    if (quant_weights or min_cosine is not None) and no_quant:
+        raise click.UsageError("--quant-weight and --max-error choose how to quantize; they contradict --no-quant")
     quant = True if quant_type is not None else (False if no_quant else None)
+    overrides = _parse_overrides(quant_weights)
     with handled(state):
         for path in (output, report_json):  # a path that cannot be written fails before the password and the bake
             if path is not None:
                 check_output_path(path)
+        opts = BakeOptions.from_profile(profile, quant=quant, quant_type=quant_type, quant_min_cosine=min_cosine,
+                                        quant_weights=overrides, strict=strict, **flags)
         password = resolve_password(password_env, password_stdin, password_value, confirm=True)  # before the bake
-        opts = BakeOptions.from_profile(profile, fold=fold, simplify=simplify, dce=dce, skip=skip, ternary=ternary,
-                                        quant=quant, quant_type=quant_type, strict=strict)
         with progress(state, "baking") as step:
             step("loading")
             graph, ws = load_graph(input_path, weights)
@@ -175,15 +203,20 @@ def _print_report(state: State, report, output: Path, sealed: bool) -> None:
     state.err.print(t)
     state.err.print(f"nodes {report.nodes_before} -> {report.nodes_after}; weights "
                     f"{_fmt_bytes(report.total_bytes_before)} -> {_fmt_bytes(report.total_bytes)}; "
-                    f"skipped {len(report.skipped)}, ternary {len(report.ternary)}, "
-                    f"quant {len(report.quant)}{f' ({report.quant_type})' if report.quant_type else ''}")
+                    f"{report.summary()}")
     if report.params_unbound:
         state.err.print(f"params left unbound (set them at run time): {markup_safe(report.params_unbound)}")
     for note in report.notes:
         state.err.print(f"note: {markup_safe(note)}")
     for r in report.folds_refused:
         state.err.print(f"fold refused: {markup_safe(r['node'])} ({markup_safe(r['op'])}): {markup_safe(r['reason'])}")
-    click.echo(f"wrote {printable(str(output))}")
+    _wrote(state, printable(str(output)))
+
+
+def _wrote(state: State, what: str) -> None:
+    """The `wrote FILE` line on stdout; -q silences it too."""
+    if not state.quiet:
+        click.echo(f"wrote {what}")
 
 
 def _password_for(path: Path, env, stdin, value) -> str | None:
@@ -206,8 +239,8 @@ def import_onnx_cmd(state, model, output):
         check_bundle_output(output)
         graph, ws = import_onnx(model)
         write_bundle(output, graph, ws)
-        click.echo(f"wrote {output / 'graph.json'} and {output / 'weights.safetensors'} "
-                   f"({len(graph.nodes)} nodes, {len(ws)} weights)")
+        _wrote(state, f"{output / 'graph.json'} and {output / 'weights.safetensors'} "
+                      f"({len(graph.nodes)} nodes, {len(ws)} weights)")
 
 
 @main.command()
@@ -303,7 +336,7 @@ def encrypt(state, src, output, password_env, password_stdin, password_value, kd
         if is_encrypted(src):
             raise RlxError(f"{src}: already encrypted")
         encrypt_file(src, output, pw, KDF_PROFILES[kdf])
-        click.echo(f"wrote {output}")
+        _wrote(state, str(output))
 
 
 @main.command()
@@ -321,7 +354,7 @@ def decrypt(state, src, output, password_env, password_stdin, password_value):
         if pw is None:
             raise click.UsageError("decrypt needs a password: --password-env VAR, --password-stdin or --password")
         decrypt_file(src, output, pw)
-        click.echo(f"wrote {output}")
+        _wrote(state, str(output))
 
 
 def _random_feeds(graph, seed: int, shapes: dict | None = None, given: dict | None = None, sym: int = 2) -> dict:
@@ -460,7 +493,7 @@ def run(state, path, inputs, output, unpack, device, verify, password_env, passw
                        if arr.size and arr.dtype.kind in "fiu" else f"{shown}: {arr.dtype}{list(arr.shape)}")
         if output is not None:
             atomic_write(output, lambda f: _write_npz(f, out))
-            click.echo(f"wrote {printable(str(output))}")
+            _wrote(state, printable(str(output)))
 
 
 _NPY_HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0,

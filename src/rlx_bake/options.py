@@ -1,36 +1,39 @@
-"""BakeOptions and profiles."""
+"""BakeOptions and profiles (generated from the stage list, passes/registry.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-from rlx_format.codecs import BY_SHORT, CODECS, Codec
+from rlx_format.codecs import BY_SHORT, Codec
 from rlx_format.errors import RlxError
 from rlx_runtime.options import DEFAULT_FOLD_GROWTH_LIMIT, DEFAULT_FOLD_MIN_BYTES
 
-PROFILES = {
-    # package only: weights become constants and are stored; no graph rewrites
-    "merge": dict(fold=False, simplify=False, dce=False, skip=False, ternary=False, quant=False),
-    "fold": dict(fold=True, simplify=True, dce=True, skip=False, ternary=False, quant=False),
-    "exact": dict(fold=True, simplify=True, dce=True, skip=True, ternary=True, quant=False),   # lossless
-    "size": dict(fold=True, simplify=True, dce=True, skip=True, ternary=True, quant=True),     # exact + quant_type
-}
+from .passes.quant import AUTO, DEFAULT_MIN_COSINE, DEFAULT_QUANT_TYPE, DENSE, check_quant_choice, quant_types
+from .passes.registry import FLAGS, PROFILES
+
 DEFAULT_PROFILE = "exact"
-# the lossy codecs the quantization pass can use, by CLI name (ternary codecs are for the ternary pass)
-QUANT_TYPES = tuple(c.short for c in CODECS.values() if not c.ternary)
-DEFAULT_QUANT_TYPE = "q8_0"
+# the lossy codecs the quantization pass can use, by CLI name (ternary codecs are for the ternary pass);
+# quant_types() reads the registry each time
+QUANT_TYPES = quant_types()
+_ON = PROFILES[DEFAULT_PROFILE]
+
+__all__ = ["AUTO", "DENSE", "DEFAULT_MIN_COSINE", "DEFAULT_PROFILE", "DEFAULT_QUANT_TYPE", "PROFILES", "QUANT_TYPES",
+           "BakeOptions"]
 
 
 @dataclass
 class BakeOptions:
     profile: str = DEFAULT_PROFILE
-    fold: bool = True
-    simplify: bool = True
-    dce: bool = True
-    skip: bool = True
-    ternary: bool = True
-    quant: bool = False
-    quant_type: str = DEFAULT_QUANT_TYPE  # codec of the quantization pass: one of QUANT_TYPES
+    # one flag per stage of passes/registry.py (checked below); defaults: the default profile's
+    fold: bool = _ON["fold"]
+    simplify: bool = _ON["simplify"]
+    dce: bool = _ON["dce"]
+    skip: bool = _ON["skip"]
+    ternary: bool = _ON["ternary"]
+    quant: bool = _ON["quant"]
+    quant_type: str = DEFAULT_QUANT_TYPE  # codec of the quantization pass: one of quant_types(), or "auto"
+    quant_min_cosine: float = DEFAULT_MIN_COSINE  # auto: the lowest weight cosine (dequantized vs f32) accepted
+    quant_weights: tuple[tuple[str, str], ...] = ()  # (glob, type or "dense") per-weight overrides; the last wins
     strict: bool = False
     fold_growth_limit: float = DEFAULT_FOLD_GROWTH_LIMIT
     fold_min_bytes: int = DEFAULT_FOLD_MIN_BYTES
@@ -46,11 +49,27 @@ class BakeOptions:
         if bad:
             raise RlxError(f"unknown bake option(s) {bad}")
         opts = replace(cls(profile=name, **PROFILES[name]), **{k: v for k, v in overrides.items() if v is not None})
-        opts.quant_codec()  # an unknown quant_type fails here, before any work
+        opts.check()  # an unknown quant type fails here, before any work
         return opts
 
-    def quant_codec(self) -> Codec:
-        """The codec of the quantization pass, or an RlxError naming the choices."""
-        if self.quant_type not in QUANT_TYPES:
-            raise RlxError(f"unknown quant type {self.quant_type!r}; expected one of {', '.join(QUANT_TYPES)}")
-        return BY_SHORT[self.quant_type]
+    def check(self) -> None:
+        """RlxError for a choice that cannot work (unknown type, override without quantization)."""
+        self.quant_weights = tuple((str(g), str(t)) for g, t in self.quant_weights)
+        check_quant_choice(self.quant_type, self.quant_weights, self.quant_min_cosine)
+        if self.quant_weights and not self.quant:
+            raise RlxError("per-weight quant types (quant_weights / --quant-weight) need quantization on: use the "
+                           "size profile (--opt size) or --quant TYPE")
+
+    def quant_codec(self) -> Codec | None:
+        """The codec of the quantization pass (None for auto: chosen per weight), or an RlxError naming the choices."""
+        self.check()
+        return None if self.quant_type == AUTO else BY_SHORT[self.quant_type]
+
+
+def _check_flags() -> None:
+    bools = [f.name for f in fields(BakeOptions) if f.type in ("bool", bool) and f.name != "strict"]
+    if sorted(bools) != sorted(FLAGS):
+        raise AssertionError(f"BakeOptions' pass flags {sorted(bools)} differ from the stages' {sorted(FLAGS)}")
+
+
+_check_flags()

@@ -1,4 +1,5 @@
-"""bake(): specialize -> fold -> skip-zero -> ternary -> quant -> simplify -> DCE -> dedupe -> weight table."""
+"""bake(): specialize -> the stages of passes/registry.py (affine, fold, skip-zero to a fixed point; ternary;
+quant; simplify, fuse, DCE, dedupe to a fixed point) -> weight table."""
 
 from __future__ import annotations
 
@@ -12,12 +13,11 @@ from rlx_format.container import TOOL_VERSION, RlxFile, Weight
 from rlx_format.dtypes import NUMPY_DTYPES, dtype_of_array
 from rlx_format.errors import RlxError
 from rlx_format.graph import Graph
-from rlx_runtime.passes import (PassReport, constant_fold, dead_code_elimination, dedupe_constants, fold_affine,
-                                simplify)
+from rlx_runtime.passes import Pass, PassContext, PassReport, run_group
 from rlx_runtime.passes import specialize_params as specialize
 
 from .options import BakeOptions
-from .passes import pack_ternary_weights, quantize_matmul_weights, skip_zero_matmuls
+from .passes.registry import STAGES, Stage
 from .report import BakeReport, WeightReport
 
 Progress = Callable[[str], None]
@@ -54,12 +54,24 @@ def _check_weights(graph: Graph, weights: dict, report: BakeReport, strict: bool
     return bindings
 
 
-def _affine(g: Graph, preport: PassReport, report: BakeReport) -> Graph:
-    start = len(preport.affine_folded)
-    g = fold_affine(g, preport)
-    for f in preport.affine_folded[start:]:
-        report.notes.append(f"{f['op']} {f['node']!r} folded into the weights of {f['into_op']} {f['into']!r} "
-                            "(same values in exact arithmetic; float rounding differs slightly)")
+def _run_stages(g: Graph, options: BakeOptions, ctx: PassContext, report: BakeReport, step: Progress) -> Graph:
+    """The enabled stages in declared order; each group's passes together to a fixed point."""
+    groups: list[tuple[str, list[tuple[Stage, Pass]]]] = []
+    for stage in STAGES:
+        if not getattr(options, stage.flag):
+            continue
+        if not groups or groups[-1][0] != stage.group:
+            groups.append((stage.group, []))
+        groups[-1][1].extend((stage, p) for p in stage.passes)
+    for _, members in groups:
+        section = {id(p): stage.report for stage, p in members}
+
+        def after(p: Pass, res, section=section) -> None:
+            if section[id(p)] is not None:
+                getattr(report, section[id(p)]).extend(res.entries)
+            report.notes.extend(res.notes)
+
+        g = run_group(g, [p for _, p in members], ctx, before=lambda p: step(p.name), after=after)
     return g
 
 
@@ -67,35 +79,19 @@ def bake(graph: Graph, weights: dict | None = None, options: BakeOptions | None 
          progress: Progress | None = None) -> tuple[RlxFile, BakeReport]:
     """Turn a graph and its weights into an RlxFile ready to write, plus a report."""
     options = options or BakeOptions.from_profile()
+    options.check()
     weights = weights if weights is not None else {}
     step = progress or (lambda _msg: None)
-    quant_codec = options.quant_codec()
     report = BakeReport(profile=options.profile, nodes_before=len(graph.nodes),
-                        quant_type=quant_codec.short if options.quant else None)
+                        quant_type=options.quant_type if options.quant else None)
     bindings = _check_weights(graph, weights, report, options.strict)
     dense_bytes = {name: int(np.asarray(a).nbytes) for name, a in bindings.items()}
     step("specialize")
     g = specialize(graph, bindings) if bindings else graph.copy()
-    preport = PassReport()
-    preport.folded_from = report.folded_from  # shared: fold fills it, the packing passes read it
-    errors: dict = {}
-    # the declared pipeline: (option flag, progress label, pass)
-    stages = [
-        ("fold", "affine", lambda g: _affine(g, preport, report)),
-        ("fold", "fold", lambda g: constant_fold(g, preport, options.fold_growth_limit, options.fold_min_bytes,
-                                                    options.fold_memory_budget)),
-        ("skip", "skip-zero", lambda g: skip_zero_matmuls(g, report)),
-        ("skip", "fold", lambda g: constant_fold(g, preport, options.fold_growth_limit, options.fold_min_bytes,
-                                                 options.fold_memory_budget)),  # what skip-zero made known
-        ("ternary", "ternary", lambda g: pack_ternary_weights(g, report)),
-        ("quant", quant_codec.short, lambda g: quantize_matmul_weights(g, report, errors, quant_codec.name)),
-        ("simplify", "simplify", lambda g: simplify(g, preport)),
-        ("dce", "dce", lambda g: dedupe_constants(dead_code_elimination(g, preport), preport)),
-    ]
-    for flag, label, run_pass in stages:
-        if getattr(options, flag):
-            step(label)
-            g = run_pass(g)
+    # the provenance the passes share: fold fills folded_from, packing fills packed_from and quality
+    preport = PassReport(folded_from=report.folded_from)
+    ctx = PassContext(options, preport, packed_from=report.packed_from)
+    g = _run_stages(g, options, ctx, report, step)
     report.folds_refused = preport.fold_refused
     report.nodes_after = len(g.nodes)
     step("weight table")
@@ -106,22 +102,30 @@ def bake(graph: Graph, weights: dict | None = None, options: BakeOptions | None 
             sources[n.inputs[1]] = (n.attrs["encoding"], n.attrs["N"], n.attrs["K"], "transposed to N x K")
         elif n.op == "DequantGather":
             sources[n.inputs[0]] = (n.attrs["encoding"], n.attrs["N"], n.attrs["K"], "table rows")
+        elif n.op == "Dequantize" and n.inputs[0] in ctx.packed_from:
+            rows, k = n.attrs["shape"]
+            pad = ctx.quality.get(n.inputs[0], {}).get("padded", 0)
+            sources[n.inputs[0]] = (n.attrs["encoding"], rows, k, "conv weight, rows by its first axis"
+                                    + (f", each padded with {pad} zeros" if pad else ""))
     for name in sorted(g.constants):
         c = g.constants[name]
         if name in sources:
             enc, n_out, k, layout = sources[name]
             raw = report.packed_from.get(name, name)
             src = report.folded_from.get(raw, raw)
-            w = Weight(name, enc, (n_out, k), c.value, "f32", preport.digests.get(name),
+            w = Weight(name, enc, (n_out, k), c.value, "f32", ctx.digests.get(name),
                        f"packed from {src!r} ({layout})")
-            err = errors.get(raw)
-            report.weights.append(WeightReport(name, enc, [n_out, k], n_out * k * 4, int(c.value.nbytes),
-                                               err[0] if err else 0.0, err[1] if err else 1.0,
-                                               f"{'lossy' if err else 'lossless'} {get_codec(enc).ggml}"))
+            q = ctx.quality.get(name)
+            note = f"{'lossy' if q else 'lossless'} {get_codec(enc).ggml}"
+            if q and q["auto"]:
+                note += f" (auto: cosine >= {options.quant_min_cosine})"
+            dense = q["dense_bytes"] if q else n_out * k * 4
+            report.weights.append(WeightReport(name, enc, [n_out, k], dense, int(c.value.nbytes),
+                                               q["max_abs_err"] if q else 0.0, q["cosine"] if q else 1.0, note))
         else:
             arr = np.require(c.value, dtype=NUMPY_DTYPES[c.dtype], requirements="C")  # keeps 0-d arrays 0-d
             w = Weight.plain(name, arr, c.dtype)
-            w.digest = preport.digests.get(name)  # dedupe already hashed these bytes: don't read them twice
+            w.digest = ctx.digests.get(name)  # dedupe already hashed these bytes: don't read them twice
             note = "param" if name in bindings else "folded/constant"
             report.weights.append(WeightReport(name, c.dtype, list(c.shape), dense_bytes.get(name, arr.nbytes),
                                                int(arr.nbytes), None, None, note))

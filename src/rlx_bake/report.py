@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .passes.registry import SECTIONS
+
 
 @dataclass
 class WeightReport:
@@ -31,12 +33,17 @@ class BakeReport:
     skipped: list[str] = field(default_factory=list)      # MatMul nodes replaced by zeros
     ternary: list[str] = field(default_factory=list)      # weights packed losslessly as ternary (TQ1_0)
     quant: list[str] = field(default_factory=list)        # weights quantized (lossy) to quant_type
-    quant_type: str | None = None                         # the quantization pass's codec ("q8_0"), None: off
+    quant_type: str | None = None                         # the quantization pass's type ("q8_0", "auto"), None: off
     notes: list[str] = field(default_factory=list)
     folds_refused: list[dict] = field(default_factory=list)
     weights: list[WeightReport] = field(default_factory=list)
     packed_from: dict[str, str] = field(default_factory=dict)  # packed constant -> the dense weight it replaces
     folded_from: dict[str, str] = field(default_factory=dict)  # folded constant -> the param it came from
+
+    def summary(self) -> str:
+        """`skipped 1, ternary 2, quant 3 (q8_0)`: the report sections' counts (the CLI's line)."""
+        text = ", ".join(f"{s} {len(getattr(self, s))}" for s in SECTIONS)
+        return text + (f" ({self.quant_type})" if self.quant_type else "")
 
     @property
     def total_bytes(self) -> int:
@@ -51,8 +58,8 @@ class BakeReport:
             "profile": self.profile, "nodes_before": self.nodes_before, "nodes_after": self.nodes_after,
             "params_baked": list(self.params_baked), "params_unbound": list(self.params_unbound),
             "extra_weights": list(self.extra_weights), "quant_type": self.quant_type,
-            "counts": {"skipped": len(self.skipped), "ternary": len(self.ternary), "quant": len(self.quant)},
-            "skipped": list(self.skipped), "ternary": list(self.ternary), "quant": list(self.quant),
+            "counts": {s: len(getattr(self, s)) for s in SECTIONS},
+            **{s: list(getattr(self, s)) for s in SECTIONS},
             "notes": list(self.notes), "folds_refused": list(self.folds_refused),
             "weights": [w.to_dict() for w in self.weights],
             "total_bytes_before": self.total_bytes_before, "total_bytes": self.total_bytes,

@@ -1,62 +1,155 @@
-"""Quantization (opt-in, lossy): remaining MatMul weights and Gather (embedding) tables whose K is a
-multiple of the codec's block, in the codec the options name (Q8_0 by default; any registered lossy type).
+"""Quantization (opt-in, lossy): the remaining MatMul weights and Gather (embedding) tables whose row
+length K is a multiple of the codec's block, and Conv / ConvTranspose weights (rows: the weight's first
+axis, C·kh·kw long; a length that is not a multiple of the block is padded with zeros to one, where that
+still stores fewer bytes than f32, else the weight stays dense).
 
-The per-weight error (max abs and cosine vs f32) goes to the report.
+The type per weight: `quant_type` (any registered lossy codec, Q8_0 by default), or `auto`: the
+smallest registered lossy codec (bits per weight) whose weight cosine, dequantized vs f32, is at least
+`quant_min_cosine`; `quant_weights` overrides the type by glob (`emb.*=q8_0`, `=dense` keeps it dense).
+The chosen type, max abs error and cosine of every weight go to the report (`ctx.quality`).
 """
 
 from __future__ import annotations
 
+from fnmatch import fnmatchcase
+
 import numpy as np
 
-from rlx_format.codecs import Codec, get_codec
+from rlx_format.codecs import CODECS, BY_SHORT, Codec
 from rlx_format.errors import RlxError
 from rlx_format.graph import Graph
 from rlx_format.quants import QuantError
+from rlx_runtime.passes import PassContext, PassResult
 
-from .packing import gather_uses, matmul_uses, pack_weight
+from .packing import conv_uses, gather_uses, matmul_uses, pack_weight
+
+AUTO = "auto"
+DENSE = "dense"
+DEFAULT_QUANT_TYPE = "q8_0"
+DEFAULT_MIN_COSINE = 0.999
 
 
-def _quantize(codec: Codec, wname: str, rows: np.ndarray, errors: dict, report) -> np.ndarray | None:
-    """The codec's bytes of `rows`, or None (kept dense, with a note) where a block scale overflows fp16."""
+def quant_types() -> tuple[str, ...]:
+    """CLI names of the lossy codecs, in registry order (read each time: a codec registered later counts)."""
+    return tuple(c.short for c in CODECS.values() if not c.ternary)
+
+
+def lossy_codecs() -> list[Codec]:
+    """The lossy codecs, smallest (bits per weight) first: the order `auto` tries them in."""
+    return sorted((c for c in CODECS.values() if not c.ternary), key=lambda c: c.bits_per_weight)
+
+
+def check_quant_choice(quant_type: str, overrides: tuple, min_cosine: float) -> None:
+    """RlxError for an unknown type (naming the choices) or a malformed override or cosine."""
+    types = quant_types()
+    if quant_type != AUTO and quant_type not in types:
+        raise RlxError(f"unknown quant type {quant_type!r}; expected one of {', '.join(types)} or {AUTO}")
+    for glob, t in overrides:
+        if not glob:
+            raise RlxError(f"quant override {glob!r}={t!r}: empty weight glob; expected GLOB=TYPE, e.g. 'emb.*=q8_0'")
+        if t not in (*types, AUTO, DENSE):
+            raise RlxError(f"quant override {glob}={t}: unknown type {t!r}; expected one of {', '.join(types)}, "
+                           f"{AUTO} or {DENSE}")
+    if not (isinstance(min_cosine, (int, float)) and -1.0 <= min_cosine <= 1.0):
+        raise RlxError(f"quant_min_cosine {min_cosine!r}: a cosine is a number in [-1, 1] (default "
+                       f"{DEFAULT_MIN_COSINE})")
+
+
+def _padded_row_bytes(codec: Codec, k: int) -> int:
+    return -(-k // codec.block) * codec.nbytes
+
+
+def _pad(rows: np.ndarray, block: int) -> np.ndarray:
+    """`rows` with zero columns appended up to a multiple of `block` (the same array if there is none)."""
+    pad = -rows.shape[1] % block
+    return np.pad(rows, ((0, 0), (0, pad))) if pad else rows
+
+
+def _measure(codec: Codec, rows: np.ndarray, wname: str, k: int) -> tuple[np.ndarray, float, float] | None:
+    """(packed bytes, max abs error, cosine) of `rows` in `codec`, measured on the first `k` columns (the
+    rest is padding); None where a block scale overflows fp16."""
     try:
         packed = codec.quantize(rows)
     except QuantError as e:
         raise RlxError(f"weight {wname!r} cannot be quantized to {codec.ggml}: {e}") from None
-    back = codec.dequantize(packed)
+    back = codec.dequantize(packed)[:, :k]
+    rows = rows[:, :k]
     if not np.isfinite(back).all():  # e.g. Q8_0 amax / 127 > 65504: the fp16 scale (or min) is inf
-        report.notes.append(f"weight {wname!r}: max |value| {float(np.abs(rows).max()):.6g} is more than a "
-                            f"{codec.ggml} block's fp16 scale can hold; kept dense")
         return None
     diff = float(np.max(np.abs(back - rows))) if rows.size else 0.0
     num = float(np.dot(back.ravel().astype(np.float64), rows.ravel().astype(np.float64)))
     den = float(np.linalg.norm(back.astype(np.float64)) * np.linalg.norm(rows.astype(np.float64)))
-    errors[wname] = (diff, num / den if den else 1.0)
-    return packed
+    return packed, diff, num / den if den else 1.0
 
 
-def quantize_matmul_weights(graph: Graph, report, errors: dict, encoding: str = "gguf_q8_0") -> Graph:
-    """`errors` receives name -> (max_abs_err, cosine) for the report."""
-    codec = get_codec(encoding, "quantization pass")
-    suffix, block = f".{codec.short}", codec.block
-    for wname, nodes in matmul_uses(graph).items():
-        w = graph.constants[wname].value
-        if w.shape[0] % block:
-            report.notes.append(f"weight {wname!r}: K={w.shape[0]} is not a multiple of {block}; kept dense")
+def _candidates(graph: Graph) -> list[tuple[str, list, str]]:
+    """(weight, its uses, how its rows are laid out) for every weight the pass can pack."""
+    out = [(w, nodes, "matmul") for w, nodes in matmul_uses(graph).items()]
+    out += [(w, nodes, "gather") for w, nodes in gather_uses(graph).items()]
+    return out + [(w, nodes, "conv") for w, nodes in conv_uses(graph).items()]
+
+
+def _rows(w: np.ndarray, kind: str) -> np.ndarray:
+    if kind == "matmul":
+        return np.ascontiguousarray(w.T)  # DequantMatMul rows are output channels: (N, K)
+    return np.ascontiguousarray(w.reshape(w.shape[0], -1))  # table rows; conv: W's first axis by C·kh·kw
+
+
+def quantize_weights(graph: Graph, ctx: PassContext) -> PassResult:
+    o = ctx.options
+    overrides = tuple(getattr(o, "quant_weights", ()) or ())
+    check_quant_choice(o.quant_type, overrides, o.quant_min_cosine)
+    cands = _candidates(graph)
+    source = {w: ctx.folded_from.get(w, w) for w, _, _ in cands}
+    _check_globs(overrides, source, ctx)
+    packed_names, notes = [], []
+    for wname, nodes, kind in cands:
+        src = source[wname]
+        choice = next((t for glob, t in reversed(overrides) if fnmatchcase(src, glob)), o.quant_type)
+        if choice == DENSE:
+            notes.append(f"weight {src!r}: kept dense (override)")
             continue
-        packed = _quantize(codec, wname, np.ascontiguousarray(w.T), errors, report)  # rows = output channels (N, K)
-        if packed is None:
+        rows = _rows(graph.constants[wname].value, kind)
+        k = rows.shape[1]
+        what = {"matmul": "K", "gather": "row length", "conv": "C·kh·kw"}[kind]
+        codecs = lossy_codecs() if choice == AUTO else [BY_SHORT[choice]]
+        fits = [c for c in codecs if k % c.block == 0 or (kind == "conv" and _padded_row_bytes(c, k) < 4 * k)]
+        if not fits:
+            blocks = sorted({c.block for c in codecs})
+            why = "; padded to the block it would not be smaller than f32" if kind == "conv" else ""
+            notes.append(f"weight {src!r}: {what}={k} is not a multiple of {' or '.join(map(str, blocks))}{why}; "
+                         "kept dense")
             continue
-        pack_weight(graph, report, wname, nodes, packed, codec.name, suffix)
-        report.quant.append(wname)
-    for tname, nodes in gather_uses(graph).items():
-        t = graph.constants[tname].value
-        if t.shape[1] % block:
-            report.notes.append(f"table {tname!r}: row length {t.shape[1]} is not a multiple of {block}; "
-                                "kept dense")
+        got = None
+        for codec in fits:
+            m = _measure(codec, _pad(rows, codec.block), src, k)
+            if m is None:
+                notes.append(f"weight {src!r}: max |value| {float(np.abs(rows).max()):.6g} is more than a "
+                             f"{codec.ggml} block's fp16 scale can hold" + ("; kept dense" if choice != AUTO else ""))
+                continue
+            if choice != AUTO or m[2] >= o.quant_min_cosine:
+                got = codec, m
+                break
+        if got is None:
+            if choice == AUTO:
+                notes.append(f"weight {src!r}: no registered type keeps its cosine >= {o.quant_min_cosine} "
+                             f"(tried {', '.join(c.short for c in fits)}); kept dense")
             continue
-        packed = _quantize(codec, tname, np.ascontiguousarray(t), errors, report)  # rows = table rows (N, K)
-        if packed is None:
-            continue
-        pack_weight(graph, report, tname, nodes, packed, codec.name, suffix)
-        report.quant.append(tname)
-    return graph.validate()
+        codec, (packed, diff, cos) = got
+        pad = -k % codec.block
+        pname = pack_weight(graph, ctx, wname, nodes, packed, codec.name, f".{codec.short}", notes, pad)
+        ctx.quality[pname] = {"type": codec.short, "max_abs_err": diff, "cosine": cos, "auto": choice == AUTO,
+                              "dense_bytes": int(rows.size) * 4, "padded": pad}
+        packed_names.append(wname)
+    return PassResult(graph.validate(), bool(packed_names), packed_names, notes)
+
+
+def _check_globs(overrides: tuple, source: dict[str, str], ctx: PassContext) -> None:
+    """A glob that matches no weight the pass can pack (nor one an earlier pass packed) is a mistake."""
+    names = sorted(set(source.values()))
+    packed = {ctx.folded_from.get(d, d) for d in ctx.packed_from.values()}
+    for glob, t in overrides:
+        if not any(fnmatchcase(n, glob) for n in names) and not any(fnmatchcase(n, glob) for n in packed):
+            shown = ", ".join(names[:20]) + (f", ... ({len(names)} in all)" if len(names) > 20 else "")
+            raise RlxError(f"quant override {glob}={t}: the glob matches none of the weights the quantization pass "
+                           f"can pack ({shown or 'there are none'}); fix the pattern (fnmatch syntax, case-sensitive)")

@@ -10,6 +10,7 @@ import numpy as np
 
 from rlx_format.container import release_pages
 from rlx_format.graph import Graph, Node, Value, unique_name
+from rlx_runtime.passes import PassContext, PassResult
 
 from .packing import matmul_uses
 
@@ -84,7 +85,8 @@ _UNARY_INFER = {"_float_unary", "_numeric_unary", "_same"}
 _BINARY = {"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow"}
 
 
-def _propagate(graph: Graph, expanded: dict[str, tuple[str, str]], types: dict, taken: set[str], report) -> None:
+def _propagate(graph: Graph, expanded: dict[str, tuple[str, str]], types: dict, taken: set[str],
+               notes: list[str]) -> None:
     """Readers of Expand(k, shape) with k known compute on k and expand the result: Relu(Expand(b, s))
     -> Expand(Relu(b), s) (the fold then evaluates Relu(b)), x + zeros -> x, and MatMul of a broadcast row
     by a constant weight -> the expanded product. One forward sweep; exact for elementwise ops (each
@@ -155,8 +157,8 @@ def _propagate(graph: Graph, expanded: dict[str, tuple[str, str]], types: dict, 
         for m in new[:-1]:
             bt[m.name] = KNOWN if all(known(i) for i in m.inputs) else bt.get(n.name, KNOWN)
     graph.nodes = out_nodes
-    if report is not None and rewritten:
-        report.notes.append(f"skip-zero: {rewritten} reader(s) of skipped MatMuls computed on one row and expanded")
+    if rewritten:
+        notes.append(f"skip-zero: {rewritten} reader(s) of skipped MatMuls computed on one row and expanded")
 
 
 def _on_row(n: Node, op: str, ins: list[str], attrs: dict, shape: str, expanded: dict, taken: set[str]) -> list[Node]:
@@ -166,7 +168,8 @@ def _on_row(n: Node, op: str, ins: list[str], attrs: dict, shape: str, expanded:
     return [Node(row, op, ins, attrs), Node(n.name, "Expand", [row, shape])]
 
 
-def skip_zero_matmuls(graph: Graph, report) -> Graph:
+def skip_zero_matmuls(graph: Graph, ctx: PassContext) -> PassResult:
+    skipped, notes = [], []
     rewrites: dict[str, list[Node]] = {}
     expanded: dict[str, tuple[str, str]] = {}
     taken = graph.names()
@@ -178,12 +181,12 @@ def skip_zero_matmuls(graph: Graph, report) -> Graph:
             rewrites[node.name], exp = _zeros_like_output(graph, node, w.shape[1], taken)
             if exp is not None:
                 expanded[node.name] = exp
-            report.skipped.append(node.name)
-            report.notes.append(f"MatMul {node.name!r}: weight {wname!r} is all zeros; replaced by zeros "
+            skipped.append(node.name)
+            notes.append(f"MatMul {node.name!r}: weight {wname!r} is all zeros; replaced by zeros "
                                 "(IEEE caveat: NaN/Inf in the input no longer propagate)")
     if rewrites:
         types = dict(graph.types)
         graph.nodes = [m for n in graph.nodes for m in rewrites.get(n.name, [n])]
         if expanded:
-            _propagate(graph, expanded, types, taken, report)
-    return graph.validate()
+            _propagate(graph, expanded, types, taken, notes)
+    return PassResult(graph.validate(), bool(skipped), skipped, notes)

@@ -8,11 +8,13 @@ import numpy as np
 from rlx_format.codecs import ternary_codecs
 from rlx_format.graph import Graph
 from rlx_format.quants import is_lossless_ternary
+from rlx_runtime.passes import PassContext, PassResult
 
 from .packing import matmul_uses, pack_weight
 
 
-def pack_ternary_weights(graph: Graph, report) -> Graph:
+def pack_ternary_weights(graph: Graph, ctx: PassContext) -> PassResult:
+    packed, notes = [], []
     codec = ternary_codecs()[0]  # every ternary codec is lossless on these weights: take the smallest
     block = codec.block
     for wname, nodes in matmul_uses(graph).items():
@@ -20,7 +22,7 @@ def pack_ternary_weights(graph: Graph, report) -> Graph:
         k = w.shape[0]
         if k % block:
             if k >= block and is_lossless_ternary(np.ascontiguousarray(w[: k - k % block].T), block):
-                report.notes.append(f"weight {wname!r} looks ternary but K={k} is not a multiple of "
+                notes.append(f"weight {wname!r} looks ternary but K={k} is not a multiple of "
                                     f"{block}; kept dense")
             continue
         if not is_lossless_ternary(np.ascontiguousarray(w[:block, 0]), block):  # cheap probe: first block
@@ -28,6 +30,6 @@ def pack_ternary_weights(graph: Graph, report) -> Graph:
         wt = np.ascontiguousarray(w.T)  # DequantMatMul rows are output channels: (N, K)
         if not is_lossless_ternary(wt, block):
             continue
-        pack_weight(graph, report, wname, nodes, codec.quantize(wt), codec.name, f".{codec.short}")
-        report.ternary.append(wname)
-    return graph.validate()
+        pack_weight(graph, ctx, wname, nodes, codec.quantize(wt), codec.name, f".{codec.short}", notes)
+        packed.append(wname)
+    return PassResult(graph.validate(), bool(packed), packed, notes)

@@ -1,12 +1,17 @@
-"""Generic compiler passes. Each takes a Graph (mutated copy) and a PassReport; see pipeline.py."""
+"""Generic compiler passes, each `(graph, ctx) -> PassResult` in pipeline.py (the functions below are
+their graph-level implementations)."""
 
 from .affine import fold_affine
 from .dce import dead_code_elimination
 from .dedupe import dedupe_constants
 from .fold import constant_fold
-from .pipeline import PassReport, compile_pipeline, run_passes
+from .fuse import fuse
+from .pipeline import (AFFINE, DCE, DEDUPE, FOLD, FUSE, SIMPLIFY, UNPACK, Pass, PassContext, PassResult,
+                       compile_pipeline, run_group)
+from .report import PassReport
 from .simplify import simplify
 from .specialize import specialize_params
 
-__all__ = ["specialize_params", "fold_affine", "constant_fold", "simplify", "dead_code_elimination", "dedupe_constants",
-           "compile_pipeline", "run_passes", "PassReport"]
+__all__ = ["specialize_params", "fold_affine", "constant_fold", "simplify", "fuse", "dead_code_elimination",
+           "dedupe_constants", "compile_pipeline", "run_group", "Pass", "PassContext", "PassResult", "PassReport",
+           "FOLD", "AFFINE", "SIMPLIFY", "FUSE", "DCE", "DEDUPE", "UNPACK"]

@@ -35,7 +35,23 @@ def _other(node: Node, graph: Graph, value) -> str | None:
     return None
 
 
-def fuse_gelu(graph: Graph, report=None) -> Graph:
+def fuse(graph: Graph, report=None) -> Graph:
+    """Both fusions; the nodes a fusion absorbed (they fed only the fused node) are removed with it."""
+    absorbed: set[str] = set()
+    read = {i for n in graph.nodes for i in n.inputs}
+    fused = _fuse_gelu(graph, absorbed) + _fuse_silu(graph, absorbed)
+    if report is not None:
+        report.simplified += fused
+    if not fused:
+        return graph
+    graph.nodes = [n for n in graph.nodes if n.name not in absorbed]
+    still = {i for n in graph.nodes for i in n.inputs} | set(graph.outputs)
+    for name in read - still:  # the fused-away constants (0.5, 1, sqrt 2)
+        graph.constants.pop(name, None)
+    return graph.validate()
+
+
+def _fuse_gelu(graph: Graph, absorbed: set[str]) -> int:
     nodes = graph.node_map()
     users = graph.consumers()
     outputs = set(graph.outputs)
@@ -60,34 +76,27 @@ def fuse_gelu(graph: Graph, report=None) -> Graph:
                 if graph.types[x] != graph.types[m2.name] or graph.types[x].dtype not in ("f32", "f64"):
                     continue
                 m2.op, m2.inputs, m2.attrs = "Gelu", [x], {"approximate": "none"}
+                absorbed.update((m1.name, add.name, erf.name, div.name))
                 fused += 1
                 break
-    return _fused(graph, report, fused)
+    return fused
 
 
-def fuse_silu(graph: Graph, report=None) -> Graph:
+def _fuse_silu(graph: Graph, absorbed: set[str]) -> int:
     nodes = graph.node_map()
     users = graph.consumers()
     outputs = set(graph.outputs)
     fused = 0
     for m in graph.nodes:
-        if m.op != "Mul" or len(m.inputs) != 2:
+        if m.op != "Mul" or len(m.inputs) != 2 or m.name in absorbed:
             continue
         for x, s_name in ((m.inputs[0], m.inputs[1]), (m.inputs[1], m.inputs[0])):
             s = nodes.get(s_name)
             if (s is not None and s.op == "Sigmoid" and s.inputs[0] == x and len(users.get(s_name, [])) == 1
                     and s_name not in outputs and graph.types[x] == graph.types[m.name]):
                 m.op, m.inputs, m.attrs = "Silu", [x], {}
+                absorbed.add(s_name)
                 fused += 1
                 break
-    return _fused(graph, report, fused)
+    return fused
 
-
-def _fused(graph: Graph, report, fused: int) -> Graph:
-    """Count the fusions and drop the nodes they left without readers."""
-    if report is not None:
-        report.simplified += fused
-    if fused:
-        from .dce import dead_code_elimination
-        return dead_code_elimination(graph)
-    return graph
