@@ -123,8 +123,9 @@ def test_size_shrinks_onnx_cnns_and_matches_onnxruntime(tmp_path, name, ratio):
 
 @pytest.mark.parametrize("name", ["cnn", "unet"])
 def test_size_on_torch_exported_cnn_and_unet_matches_onnxruntime(name):
-    """Conv (BatchNorm folded in) and the UNet's ConvTranspose: every conv weight packed (C·kh·kw = 27, 72,
-    ... padded to the block), outputs within Q8_0's error of onnxruntime at each of the corpus' shapes."""
+    """Convs with BatchNorm folded in (CNN) and with Resize/Concat around them (UNet): every conv weight packed
+    (C·kh·kw = 27, 72, 16, ... padded to the block), outputs within Q8_0's error of onnxruntime at each of the
+    corpus' shapes."""
     pytest.importorskip("torch")
     ort = pytest.importorskip("onnxruntime")
     import export_corpus as corpus
