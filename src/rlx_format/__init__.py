@@ -1,17 +1,32 @@
-"""rlx_format: bytes and data — graph IR, graph.json, RLXBAKE1 container, quant blocks, RLXENC01."""
+"""rlx_format: bytes and data — graph IR, graph.json, RLXBAKE1 container, quant blocks, RLXENC01.
 
-from .builder import GraphBuilder
-from .container import RlxFile, Weight, read_rlx_bytes, write_rlx
+Names are imported on first use (PEP 562): reading a graph does not load the sealing libraries.
+"""
+
+from __future__ import annotations
+
+import importlib
+
 from .errors import DecryptError, EncryptedFileError, FormatError, GraphError, QuantError, RlxError
-from .graph import Graph, Node, Value
-from .ops import OPS, TensorType
-from .reader import read_rlx
-from .sealed import (KdfParams, decrypt_file, encrypt_file, is_encrypted, read_rlx_with_password,
-                     write_rlx_encrypted)
 
-__all__ = [
-    "Graph", "GraphBuilder", "Node", "Value", "TensorType", "OPS",
-    "RlxFile", "Weight", "read_rlx", "read_rlx_bytes", "write_rlx",
-    "read_rlx_with_password", "write_rlx_encrypted", "is_encrypted", "encrypt_file", "decrypt_file", "KdfParams",
-    "RlxError", "GraphError", "FormatError", "EncryptedFileError", "DecryptError", "QuantError",
-]
+_WHERE = {
+    "Graph": "graph", "Node": "graph", "Value": "graph", "GraphBuilder": "builder", "TensorType": "ops", "OPS": "ops",
+    "RlxFile": "container", "Weight": "container", "read_rlx_bytes": "container", "write_rlx": "container",
+    "read_rlx": "reader",
+    "read_rlx_with_password": "sealed", "write_rlx_encrypted": "sealed", "is_encrypted": "sealed",
+    "encrypt_file": "sealed", "decrypt_file": "sealed", "KdfParams": "sealed",
+}
+__all__ = [*_WHERE, "RlxError", "GraphError", "FormatError", "EncryptedFileError", "DecryptError", "QuantError"]
+
+
+def __getattr__(name: str):
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rlx_format' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))

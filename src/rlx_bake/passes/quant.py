@@ -16,9 +16,8 @@ from fnmatch import fnmatchcase
 import numpy as np
 
 from rlx_format.codecs import CODECS, BY_SHORT, Codec
-from rlx_format.errors import RlxError
+from rlx_format.errors import QuantError, RlxError
 from rlx_format.graph import Graph
-from rlx_format.quants import QuantError
 from rlx_runtime.passes import PassContext, PassResult
 
 from .packing import conv_uses, gather_uses, matmul_uses, pack_weight

@@ -7,13 +7,14 @@ import numpy as np
 
 from rlx_format.codecs import ternary_codecs
 from rlx_format.graph import Graph
-from rlx_format.quants import is_lossless_ternary
 from rlx_runtime.passes import PassContext, PassResult
 
 from .packing import matmul_uses, pack_weight
 
 
 def pack_ternary_weights(graph: Graph, ctx: PassContext) -> PassResult:
+    from rlx_format.quants import is_lossless_ternary  # numba: loaded when a bake runs, not by `rlx-bake --help`
+
     packed, notes = [], []
     codec = ternary_codecs()[0]  # every ternary codec is lossless on these weights: take the smallest
     block = codec.block

@@ -1,4 +1,5 @@
-"""The rlx-bake command line: a thin shell over the library. Only this module prints and exits."""
+"""The rlx-bake command line: a thin shell over the library. Only this package (rlx_bake.cli: the commands,
+passwords.py for where a password comes from, display.py for safe terminal text) prints, prompts and exits."""
 
 from __future__ import annotations
 
@@ -14,20 +15,18 @@ from pathlib import Path
 
 import click
 import numpy as np
-from rich.console import Console
-from rich.table import Table
 
 from rlx_format import (RlxError, is_encrypted, read_rlx, write_rlx, write_rlx_encrypted)
 from rlx_format.files import atomic_write, check_output_path, open_for_reading
 from rlx_format.sealed import KDF_PROFILES, decrypt_file, encrypt_file, read_seal_header
 
 from .display import markup_safe, plain, printable
-from .loader import check_bundle_output, load_graph, write_bundle
-from .options import AUTO, DEFAULT_MIN_COSINE, DEFAULT_PROFILE, DEFAULT_QUANT_TYPE, DENSE, PROFILES, BakeOptions
-from .passes.quant import quant_types
-from .passes.registry import PROFILE_HELP, STAGES
+from ..loader import check_bundle_output, load_graph, write_bundle
+from ..options import AUTO, DEFAULT_MIN_COSINE, DEFAULT_PROFILE, DEFAULT_QUANT_TYPE, DENSE, PROFILES, BakeOptions
+from ..passes.quant import quant_types
+from ..passes.registry import PROFILE_HELP, STAGES
 from .passwords import password_options, resolve_password
-from .pipeline import bake as bake_fn
+from ..pipeline import bake as bake_fn
 
 
 class DefaultGroup(click.Group):
@@ -50,6 +49,8 @@ class State:
     def __init__(self, quiet: bool, debug: bool):
         self.quiet, self.debug = quiet, debug
         # emoji off too: a name like ':cross_mark:' must show as typed
+        from rich.console import Console  # rich loads when a command runs, not for --help
+
         self.err = Console(stderr=True, quiet=quiet, highlight=False, emoji=False)
         self.out = Console(highlight=False, emoji=False)
         for c in (self.err, self.out):
@@ -191,6 +192,8 @@ def _fmt_bytes(n: int) -> str:
 
 
 def _print_report(state: State, report, output: Path, sealed: bool) -> None:
+    from rich.table import Table
+
     # names, notes and reasons come from the input model: markup_safe() before rich sees them
     t = Table(title=markup_safe(f"{output} ({report.profile}{', sealed' if sealed else ''})"), title_justify="left")
     for col in ("weight", "encoding", "shape", "before", "after", "max abs err", "cosine", "note"):
@@ -234,7 +237,7 @@ def _open(path: Path, env, stdin, value, verify: bool = False):
 @click.pass_obj
 def import_onnx_cmd(state, model, output):
     """Convert an ONNX model into a bundle directory (graph.json + weights.safetensors)."""
-    from .onnx import import_onnx
+    from ..onnx import import_onnx
     with handled(state):
         check_bundle_output(output)
         graph, ws = import_onnx(model)
@@ -284,6 +287,8 @@ def inspect(state, path, password_env, password_stdin, password_value, as_json):
         for kind in ("inputs", "outputs", "params"):
             for v in info[kind]:
                 out.print(markup_safe(f"{kind[:-1]:>6} {v['name']}: {v['dtype']}{v['shape']}"))
+        from rich.table import Table
+
         t = Table("weight", "encoding", "shape", "bytes", "digest", "note")
         for w in info["weights"]:
             t.add_row(*map(markup_safe, (w["name"], w["encoding"], "x".join(map(str, w["shape"])), w["nbytes"],
