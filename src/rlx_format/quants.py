@@ -1,11 +1,12 @@
-"""GGML block quantization, byte-identical to GGML's reference quantizer (the `gguf` package).
+"""GGML block quantization, byte-identical to GGML's reference quantizer (the `gguf` package; for the
+K-quants, which gguf cannot quantize, GGML's C reference built without multiply-add contraction).
 
 The facts of every type (sizes, scale offsets, decoders) live in the codec registry (codecs.py);
 this module holds the quantizers: one numba kernel per type (one pass per block instead of ~10 numpy
 passes), each computing in float32 exactly what the reference computes. Layouts: spec/ops.md,
 "Quantized". Rounding is the reference's: half away from zero (roundf) for Q8_0 and the
 ternary types, truncation of x/d + offset (then a clamp to the code range) for Q4_x and Q5_x, the
-nearest code (the first on ties) for MXFP4.
+nearest code (the first on ties) for MXFP4, half to even (GGML's nearest_int) for the K-quants.
 
 Every intermediate is defined, so the bytes are the same on every CPU (spec/ops.md, "Defined results"):
 when the reciprocal scale 1/d overflows to inf (d below ~2^-128, a subnormal float32), the reference
