@@ -163,3 +163,21 @@ def test_cli_override_mistakes_are_clear(model, tmp_path):
 def cli_main():
     from rlx_bake.cli import main
     return main
+
+
+def test_a_block_whose_scale_collapses_to_zeros_is_kept_dense():
+    """Q6_K at |x| ~ 1e20: its fp16 scale overflows and the block decodes to zeros (finite, but wrong); the
+    pass keeps such a weight dense instead of shipping zeros."""
+    g = GraphBuilder()
+    x = g.input("x", "f32", [1, 256])
+    g.output(g.matmul(x, g.param("w", "f32", [256, 8]), name="y"))
+    w = R.standard_normal((256, 8)).astype(np.float32)
+    w[:, 3] *= np.float32(1e20)
+    back = dequantize(quantize(np.ascontiguousarray(w.T), "gguf_q6_k"), "gguf_q6_k")
+    assert np.isfinite(back).all() and not back[3].any()  # the hazard is real
+    rf, rep = bake(g.build(), {"w": w}, BakeOptions.from_profile("size", quant_type="q6_k"))
+    assert rep.quant == [] and rf.weights["w"].encoding == "f32"
+    assert any("fp16 scale can hold" in n for n in rep.notes)
+    w[:, 3] /= np.float32(1e20)  # ordinary magnitudes still pack
+    _, rep = bake(g.build(), {"w": w}, BakeOptions.from_profile("size", quant_type="q6_k"))
+    assert rep.quant == ["w"]

@@ -71,14 +71,31 @@ def _measure(codec: Codec, rows: np.ndarray, wname: str, k: int) -> tuple[np.nda
         packed = codec.quantize(rows)
     except QuantError as e:
         raise RlxError(f"weight {wname!r} cannot be quantized to {codec.ggml}: {e}") from None
-    back = codec.dequantize(packed)[:, :k]
-    rows = rows[:, :k]
+    full = codec.dequantize(packed)
+    back = full[:, :k]
     if not np.isfinite(back).all():  # e.g. Q8_0 amax / 127 > 65504: the fp16 scale (or min) is inf
         return None
+    if _collapsed(rows, full, codec.block):  # e.g. Q6_K at |x| >= ~1e18: the block decodes to zeros
+        return None
+    rows = rows[:, :k]
     diff = float(np.max(np.abs(back - rows))) if rows.size else 0.0
     num = float(np.dot(back.ravel().astype(np.float64), rows.ravel().astype(np.float64)))
     den = float(np.linalg.norm(back.astype(np.float64)) * np.linalg.norm(rows.astype(np.float64)))
     return packed, diff, num / den if den else 1.0
+
+
+# a block whose largest |value| is at least this never decodes to all zeros in a registered codec unless its
+# fp16 scale overflowed (the finite check catches most of those; a Q6_K block at |x| >= ~1e18 instead
+# decodes to zeros)
+_COLLAPSE_FLOOR = 2.0 ** -8
+
+
+def _collapsed(rows: np.ndarray, back: np.ndarray, block: int) -> bool:
+    """Whether some block of `rows` with real magnitude came back as all zeros."""
+    n = rows.shape[0]
+    amax = np.abs(rows.reshape(n, -1, block)).max(axis=2)
+    bmax = np.abs(back.reshape(n, -1, block)).max(axis=2)
+    return bool(((bmax == 0) & (amax >= _COLLAPSE_FLOOR)).any())
 
 
 def _candidates(graph: Graph) -> list[tuple[str, list, str]]:
