@@ -45,14 +45,6 @@ class Codec:
         """The CLI name: "q8_0" for "gguf_q8_0"."""
         return self.ggml.lower()
 
-    def quantize(self, x):
-        from .quants import quantize
-        return quantize(x, self.name)
-
-    def dequantize(self, p):
-        from .quants import dequantize
-        return dequantize(p, self.name)
-
 
 # ----------------------------------------------------------------------- array-module field decoders
 # Every decoder computes what GGML's reference dequantizer computes, in the same float32 operations

@@ -67,11 +67,12 @@ def _pad(rows: np.ndarray, block: int) -> np.ndarray:
 def _measure(codec: Codec, rows: np.ndarray, wname: str, k: int) -> tuple[np.ndarray, float, float] | None:
     """(packed bytes, max abs error, cosine) of `rows` in `codec`, measured on the first `k` columns (the
     rest is padding); None where a block scale overflows fp16."""
+    from rlx_format.quants import dequantize, quantize  # numba: loaded when a bake quantizes
     try:
-        packed = codec.quantize(rows)
+        packed = quantize(rows, codec.name)
     except QuantError as e:
         raise RlxError(f"weight {wname!r} cannot be quantized to {codec.ggml}: {e}") from None
-    full = codec.dequantize(packed)
+    full = dequantize(packed, codec.name)
     back = full[:, :k]
     if not np.isfinite(back).all():  # e.g. Q8_0 amax / 127 > 65504: the fp16 scale (or min) is inf
         return None

@@ -13,7 +13,7 @@ from .packing import matmul_uses, pack_weight
 
 
 def pack_ternary_weights(graph: Graph, ctx: PassContext) -> PassResult:
-    from rlx_format.quants import is_lossless_ternary  # numba: loaded when a bake runs, not by `rlx-bake --help`
+    from rlx_format.quants import is_lossless_ternary, quantize  # numba: loaded when a bake runs, not by --help
 
     packed, notes = [], []
     codec = ternary_codecs()[0]  # every ternary codec is lossless on these weights: take the smallest
@@ -31,6 +31,6 @@ def pack_ternary_weights(graph: Graph, ctx: PassContext) -> PassResult:
         wt = np.ascontiguousarray(w.T)  # DequantMatMul rows are output channels: (N, K)
         if not is_lossless_ternary(wt, block):
             continue
-        pack_weight(graph, ctx, wname, nodes, codec.quantize(wt), codec.name, f".{codec.short}", notes)
+        pack_weight(graph, ctx, wname, nodes, quantize(wt, codec.name), codec.name, f".{codec.short}", notes)
         packed.append(wname)
     return PassResult(graph.validate(), bool(packed), packed, notes)

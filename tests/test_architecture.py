@@ -1,0 +1,98 @@
+"""The package layout docs/architecture.md describes: layers import downwards only, no two modules import each
+other (directly or around a loop), and no module imports another module's private names."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+SRC = pathlib.Path(__file__).resolve().parent.parent / "src"
+LAYERS = ["rlx_format", "rlx_runtime", "rlx_bake"]  # each may import only those before it
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    mods = {}
+    for p in SRC.rglob("*.py"):
+        parts = list(p.relative_to(SRC).with_suffix("").parts)
+        if parts[0] not in LAYERS:
+            continue
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        mods[".".join(parts)] = p
+    return mods
+
+
+def _imports(mods: dict[str, pathlib.Path]):
+    """(module, imported module, imported name or None) for every import, lazy ones included."""
+    for name, p in mods.items():
+        pkg = name if p.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    yield name, a.name, None
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                for a in node.names:
+                    sub = f"{target}.{a.name}"
+                    yield name, sub if sub in mods else target, None if sub in mods else a.name
+
+
+def test_layers_import_downwards_only():
+    mods = _modules()
+    bad = []
+    for src, dst, _ in _imports(mods):
+        top_src, top_dst = src.split(".")[0], dst.split(".")[0]
+        if top_dst in LAYERS and LAYERS.index(top_dst) > LAYERS.index(top_src):
+            bad.append(f"{src} -> {dst}")
+    assert bad == []
+
+
+def test_no_import_cycles():
+    mods = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for src, dst, _ in _imports(mods):
+        if dst in mods and dst != src and not src.startswith(dst + "."):  # a package's __init__ is its parent
+            graph[src].add(dst)
+    # Tarjan's strongly connected components
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    loops: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                loops.append(sorted(comp))
+
+    for m in sorted(graph):
+        if m not in index:
+            visit(m)
+    assert loops == []
+
+
+def test_no_module_imports_private_names_of_another():
+    mods = _modules()
+    bad = sorted(f"{src} imports {dst}.{name}" for src, dst, name in _imports(mods)
+                 if name and name.startswith("_") and not name.startswith("__") and dst in mods)
+    assert bad == []
