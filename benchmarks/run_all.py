@@ -11,8 +11,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from common import env_note  # noqa: E402
 
-BENCHES = ["runtime_overhead", "onnx_vs_ort", "minilm", "real_models", "hoist", "pe_cache", "quants", "load", "crypto",
-           "bake"]
+BENCHES = ["runtime_overhead", "onnx_vs_ort", "minilm", "quant_sizes", "real_models", "hoist", "pe_cache", "quants",
+           "load", "crypto", "bake"]
 
 
 def main(selected: list[str]) -> int:
