@@ -51,14 +51,22 @@ def dequant_gather(xp, packed, idx, encoding: str, K: int) -> object:
     return dequantize_all(xp, rows, encoding, (*idx.shape, K))
 
 
-def tiled_matmul(xp, x2, w: SplitWeight, N: int, K: int) -> object:
-    """x2 [M, K] @ dequant(w).T -> [M, N], one row tile (<= TILE_BYTES) of the weight at a time."""
-    tile = max(1, min(N, TILE_BYTES // (4 * K)))
+def tiled_matmul(xp, x2, decode_rows, N: int, K: int, tile: int | None = None) -> object:
+    """x2 [M, K] @ W.T -> [M, N], one row tile of W at a time: `decode_rows(r0, r1, buf)` writes rows r0:r1 of
+    W as f32 into `buf` and returns them (at most `tile` rows; default: TILE_BYTES worth). Every backend's
+    tiled DequantMatMul is this loop (the CPU's decoder is a numba kernel, the others the array-op one)."""
+    tile = max(1, min(N, tile or TILE_BYTES // (4 * K)))
     buf = xp.empty((tile, K), dtype=xp.float32)
     if tile == N:
-        return xp.matmul(x2, dequantize_rows(xp, w, 0, N, buf).T)
+        return xp.matmul(x2, decode_rows(0, N, buf).T)
     y = xp.empty((x2.shape[0], N), dtype=xp.float32)
     for r0 in range(0, N, tile):
         r1 = min(N, r0 + tile)
-        y[:, r0:r1] = xp.matmul(x2, dequantize_rows(xp, w, r0, r1, buf[: r1 - r0]).T)
+        # a strided `out=` would skip BLAS: the product goes through a temporary
+        y[:, r0:r1] = xp.matmul(x2, decode_rows(r0, r1, buf[: r1 - r0]).T)
     return y
+
+
+def split_rows(xp, w: SplitWeight):
+    """The decode_rows of a split weight, for tiled_matmul."""
+    return lambda r0, r1, buf: dequantize_rows(xp, w, r0, r1, buf)

@@ -17,6 +17,8 @@ from rlx_format.numba_setup import numba
 from rlx_format.codecs import CODECS, get_codec
 from rlx_format.quants import block_fields, dequantize, dequantize_fields
 
+from .packed import tiled_matmul
+
 prange = numba.prange
 
 # OpenMP worker threads spin after a parallel region and then fight OpenBLAS's threads for the
@@ -339,16 +341,14 @@ def dequant_matmul(x: np.ndarray, packed: np.ndarray, encoding: str, n: int, k: 
     lead = x.shape[:-1]
     x2 = np.ascontiguousarray(x.reshape(-1, k), dtype=np.float32)
     pk = np.ascontiguousarray(packed)
-    m = x2.shape[0]
-    out = np.empty((m, n), np.float32)
-    if m <= FUSED_MAX_ROWS and fused is not None:
+    if x2.shape[0] <= FUSED_MAX_ROWS and fused is not None:
+        out = np.empty((x2.shape[0], n), np.float32)
         fused(x2, pk, out)
     else:
-        buf = np.empty((min(TILE_ROWS, n), k), np.float32)
-        for n0 in range(0, n, TILE_ROWS):
-            n1 = min(n, n0 + TILE_ROWS)
-            rows(pk, n0, n1, buf)
-            out[:, n0:n1] = x2 @ buf[: n1 - n0].T  # (matmul into a strided `out=` skips BLAS)
+        def decode(r0, r1, buf):
+            rows(pk, r0, r1, buf)
+            return buf
+        out = tiled_matmul(np, x2, decode, n, k, TILE_ROWS)
     return out.reshape(*lead, n)
 
 

@@ -48,7 +48,8 @@ def _dequant_matmul(xp, a, x, packed):
     split = a.get("_split")
     if split is None or split.packed is not packed:
         split = a["_split"] = packed_blocks.split(xp, packed, a["encoding"])
-    return packed_blocks.tiled_matmul(xp, x.reshape(-1, K), split, N, K).reshape(*x.shape[:-1], N)
+    rows = packed_blocks.split_rows(xp, split)
+    return packed_blocks.tiled_matmul(xp, x.reshape(-1, K), rows, N, K).reshape(*x.shape[:-1], N)
 
 
 @kernel("DequantMatMul", backend="cpu")
