@@ -123,3 +123,12 @@ def test_spec_lists_every_op():
     text = (Path(__file__).parent.parent / "spec" / "ops.md").read_text()
     missing = [op for op in OPS if op not in text]
     assert missing == []
+
+
+def test_container_spec_lists_every_registered_encoding():
+    from pathlib import Path
+
+    from rlx_format.codecs import CODECS
+    text = (Path(__file__).parent.parent / "spec" / "rlx-format.md").read_text()
+    missing = [f"`{name}`" for name in CODECS if f"`{name}`" not in text]
+    assert missing == []
