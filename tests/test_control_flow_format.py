@@ -207,3 +207,39 @@ def test_param_bindings_fold_weight_work_out_of_a_body_and_hoisting_keeps_the_lo
     hoisted = Session().compile_with(g, CompileOptions(cache_param_invariant=True))
     hoisted.set_param("W", w)
     np.testing.assert_allclose(hoisted.run({"h0": h0, "M": np.array(3)})["y"], ref, rtol=1e-6)
+
+
+def test_a_loop_of_constants_is_not_folded_across_iterations():
+    g = _loop_graph(scan=False, body_const=False)
+    x, w = np.arange(3, dtype=np.float32), np.ones(3, np.float32)
+    g.inputs = []
+    g.params = []
+    g.constants = {"x": Value("x", "f32", (3,), x), "M": Value("M", "i64", (), np.array(4, np.int64)),
+                   "wp": Value("wp", "f32", (3,), w)}
+    g.validate()
+    c = Session().compile_with(g, CompileOptions(optimize=True))
+    assert "Loop" in c.plan_ops()
+    np.testing.assert_array_equal(c.run({})["y"], x + 4)
+
+
+def test_inference_of_each_control_op():
+    """If: branch dims that differ become fresh symbols, equal ones stay; Loop: carried type kept, scan outputs
+    [fresh trip count, *per-iteration]; Scan: the iteration axis inserted at scan_output_axes."""
+    then_b = Graph("t", [Value("a", "f32", ("b", 4))], [], [], [Node("o", "Concat", ["a", "a"], {"axis": 0})], ["o"])
+    else_b = Graph("e", [Value("a", "f32", ("b", 4))], [], [], [Node("o", "Relu", ["a"])], ["o"])
+    g = Graph("g", [Value("c", "bool", ()), Value("x", "f32", ("batch", 4))], [], [],
+              [Node("I", "If", ["c", "x"], {"then_branch": then_b, "else_branch": else_b}),
+               Node("y", "Item", ["I"], {"index": 0})], ["y"])
+    (d0, d1) = g.types["y"].shape
+    assert isinstance(d0, str) and d0 not in ("b", "batch") and d1 == 4
+    loop = _loop_graph()
+    assert loop.types["y"].shape == ("n",)
+    trips, n = loop.types["s"].shape
+    assert isinstance(trips, str) and n == "n"  # the body's 'n' maps back to the operand's 'n'
+    body = Graph("b", [Value("s", "f32", (3,)), Value("x", "f32", (3,))], [], [],
+                 [Node("s2", "Add", ["s", "x"]), Node("y", "Mul", ["s2", "x"])], ["s2", "y"])
+    sc = Graph("g", [Value("s0", "f32", (3,)), Value("xs", "f32", (3, "t"))], [], [],
+               [Node("S", "Scan", ["s0", "xs"], {"body": body, "num_scan_inputs": 1, "scan_input_axes": [1],
+                                                 "scan_output_axes": [-1]}),
+                Node("ys", "Item", ["S"], {"index": 1})], ["ys"])
+    assert sc.types["ys"].shape == (3, "t")

@@ -115,8 +115,18 @@ def _symbolic(t: TensorType, name: str) -> tuple:
     return t.dtype, tuple(f"{name}:d{i}" for i in range(t.rank))
 
 
+def _main_names(ctx) -> set[str]:
+    """Every name the main graph defines (also those not lowered yet): a body name never takes one."""
+    if not hasattr(ctx, "_main_names"):
+        g = ctx.model.graph
+        ctx._main_names = ({o for n in g.node for o in n.output} | {v.name for v in g.input}
+                           | {t.name for t in g.initializer})
+    return ctx._main_names
+
+
 def _local(ctx, scope: _Scope, onnx_name: str) -> str:
-    rn = ctx.fresh(onnx_name) if onnx_name in ctx.names else onnx_name
+    clash = onnx_name in ctx.names or onnx_name in _main_names(ctx)
+    rn = ctx.fresh(onnx_name) if clash else onnx_name
     ctx.names.add(rn)
     scope.alias[onnx_name] = rn
     scope.defined.add(rn)
