@@ -243,3 +243,21 @@ def test_inference_of_each_control_op():
                                                  "scan_output_axes": [-1]}),
                 Node("ys", "Item", ["S"], {"index": 1})], ["ys"])
     assert sc.types["ys"].shape == (3, "t")
+
+
+def test_fold_drops_dead_body_nodes_and_unused_captures():
+    body = Graph("b", [Value("i", "i64", ()), Value("c", "bool", ()), Value("h", "f32", (2,)), Value("u", "f32", (2,)),
+                       Value("v", "f32", (2,))], [], [],
+                 [Node("dead", "Mul", ["h", "u"]), Node("h2", "Add", ["h", "v"]), Node("c2", "Identity", ["c"])],
+                 ["c2", "h2"])
+    g = Graph("g", [Value("h0", "f32", (2,)), Value("M", "i64", ()), Value("u0", "f32", (2,)),
+                    Value("v0", "f32", (2,))], [], [],
+              [Node("L", "Loop", ["M", "h0", "u0", "v0"], {"body": body, "optional": ["M"], "num_captures": 2}),
+               Node("y", "Item", ["L"], {"index": 0})], ["y"])
+    c = Session().compile_with(g, CompileOptions(optimize=True))
+    (loop,) = [n for n in c.graph.nodes if n.op == "Loop"]
+    assert [n.name for n in loop.attrs["body"].nodes] == ["h2", "c2"]
+    assert loop.inputs == ["M", "h0", "v0"] and loop.attrs["num_captures"] == 1
+    h0, v0 = R.standard_normal(2).astype(np.float32), R.standard_normal(2).astype(np.float32)
+    out = c.run({"h0": h0, "M": np.array(2), "u0": h0, "v0": v0})["y"]
+    np.testing.assert_allclose(out, h0 + 2 * v0, rtol=1e-6)
