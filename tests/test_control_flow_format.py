@@ -261,3 +261,20 @@ def test_fold_drops_dead_body_nodes_and_unused_captures():
     h0, v0 = R.standard_normal(2).astype(np.float32), R.standard_normal(2).astype(np.float32)
     out = c.run({"h0": h0, "M": np.array(2), "u0": h0, "v0": v0})["y"]
     np.testing.assert_allclose(out, h0 + 2 * v0, rtol=1e-6)
+
+
+def test_a_failing_body_names_the_iteration_and_the_body_node():
+    from rlx_format import RlxError
+
+    body = Graph("b", [Value("i", "i64", ()), Value("c", "bool", ()), Value("acc", "f32", ()),
+                       Value("x", "f32", (2,))], [], [],
+                 [Node("g", "Gather", ["x", "i"]), Node("acc2", "Add", ["acc", "g"]), Node("c2", "Identity", ["c"])],
+                 ["c2", "acc2"])
+    g = Graph("g", [Value("x", "f32", (2,)), Value("M", "i64", ()), Value("a0", "f32", ())], [], [],
+              [Node("L", "Loop", ["M", "a0", "x"], {"body": body, "optional": ["M"], "num_captures": 1}),
+               Node("y", "Item", ["L"], {"index": 0})], ["y"])
+    c = Session().compile(g)
+    feeds = {"x": np.array([1, 2], np.float32), "a0": np.array(0, np.float32)}
+    assert c.run({**feeds, "M": np.array(2)})["y"] == 3
+    with pytest.raises(RlxError, match=r"Loop body, iteration 2: node 'g' \(Gather\) failed at run time"):
+        c.run({**feeds, "M": np.array(5)})

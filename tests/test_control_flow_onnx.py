@@ -335,3 +335,4 @@ def test_body_names_that_repeat_other_names_are_renamed(tmp_path):
                [numpy_helper.from_array(np.array([0.5, -3.0], np.float32), "w")])
     x = np.array([1.5, -2.0], np.float32)
     _check(tmp_path, m, [{"x": x, "c": np.array(True)}, {"x": x, "c": np.array(False)}])
+
