@@ -73,11 +73,12 @@ def rlx_type(ctx, scope: _Scope | None, name: str) -> TensorType:
         return memo.setdefault(name, TensorType(dtype_of_array(v), tuple(v.shape)))
     if name in ctx.inits:
         return memo.setdefault(name, TensorType(ctx.init_dtype[name], tuple(ctx.inits[name].shape)))
+    owner = scope if scope is not None else ctx  # a name -> node index, rebuilt when nodes were added
     nodes = scope.nodes if scope is not None else ctx.nodes
-    if scope is None and getattr(ctx, "_node_index_len", -1) != len(nodes):
-        ctx._node_index = {n.name: n for n in nodes}
-        ctx._node_index_len = len(nodes)
-    index = {n.name: n for n in nodes} if scope is not None else ctx._node_index
+    if getattr(owner, "_node_index_len", -1) != len(nodes):
+        owner._node_index = {n.name: n for n in nodes}
+        owner._node_index_len = len(nodes)
+    index = owner._node_index
     if name not in index:
         t = ctx.types.get(name)  # a graph input
         if t is None or t[1] is None:
