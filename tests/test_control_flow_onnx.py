@@ -293,3 +293,46 @@ def test_weight_work_inside_a_loop_body_folds_out_of_it(tmp_path):
     assert [n.op for n in scan.attrs["body"].nodes] == ["MatMul", "Add", "Tanh"]
     (stored,) = rf.weights.values()
     np.testing.assert_array_equal(stored.array(), w.T)
+
+
+def test_cli_bakes_runs_and_inspects_a_model_with_a_loop(tmp_path):
+    from click.testing import CliRunner
+
+    from rlx_bake.cli import main
+
+    model = _loop_model(True, True)
+    onnx.save(model, tmp_path / "m.onnx")
+    r = CliRunner().invoke(main, ["-q", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "m.rlx")])
+    assert r.exit_code == 0, r.output
+    feeds = _feeds(7, True, 5.0)
+    for k, v in feeds.items():
+        np.save(tmp_path / f"{k}.npy", v)
+    args = [a for k in feeds for a in ("--input", f"{k}={tmp_path / f'{k}.npy'}")]
+    r = CliRunner().invoke(main, ["-q", "run", str(tmp_path / "m.rlx"), *args, "-o", str(tmp_path / "out.npz")])
+    assert r.exit_code == 0, r.output
+    got = np.load(tmp_path / "out.npz")
+    ref = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for name, want in zip(["acc", "cnt", "accs"], ref, strict=True):
+        np.testing.assert_allclose(got[name], want, rtol=1e-6, atol=1e-6)
+    r = CliRunner().invoke(main, ["inspect", str(tmp_path / "m.rlx"), "--json"])
+    assert r.exit_code == 0, r.output
+    assert "Loop" in r.output
+
+
+def test_body_names_that_repeat_other_names_are_renamed(tmp_path):
+    """Both branches define 't'; the then branch's Constant 'k' folds at import into a value of the main graph,
+    which itself defines 'k' after the If (ONNX scoping allows all of it)."""
+    then_g = helper.make_graph([helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(
+                                    np.array([2.0, 4.0], np.float32))),
+                                helper.make_node("Add", ["x", "k"], ["t"]),
+                                helper.make_node("Mul", ["t", "x"], ["o1"])],
+                               "then", [], [_vi("o1", F, [2])])
+    else_g = helper.make_graph([helper.make_node("Sub", ["x", "w"], ["t"]),
+                                helper.make_node("Mul", ["t", "t"], ["o2"])], "else", [], [_vi("o2", F, [2])])
+    nodes = [helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g),
+             helper.make_node("Relu", ["y"], ["t"]), helper.make_node("Neg", ["t"], ["k"])]
+    m = _model(nodes, [_vi("x", F, [2]), _vi("c", B, [])], [_vi("k", F, [2])],
+               [numpy_helper.from_array(np.array([0.5, -3.0], np.float32), "w")])
+    x = np.array([1.5, -2.0], np.float32)
+    _check(tmp_path, m, [{"x": x, "c": np.array(True)}, {"x": x, "c": np.array(False)}])
+

@@ -324,22 +324,22 @@ def test_batchnorm_forms_rlx_cannot_express_are_refused(tmp_path, opset, attrs, 
 
 
 def test_unsupported_ops_inside_subgraphs_are_listed(tmp_path):
-    then_g = helper.make_graph([helper.make_node("LSTM", ["x", "w", "r"], ["t"], hidden_size=2, name="lstm_in_then")],
-                               "then", [], [_vi("t", None)])
-    else_g = helper.make_graph([helper.make_node("Loop", ["", ""], ["e"], name="loop_in_else",
-                                                 body=helper.make_graph(
-                                                     [helper.make_node("Unique", ["x"], ["u"], name="deep")],
-                                                     "body", [], [_vi("u", None)]))],
+    then_g = helper.make_graph([helper.make_node("Det", ["x"], ["t"], name="det_in_then")], "then", [],
+                               [_vi("t", None)])
+    loop_body = helper.make_graph([helper.make_node("Unique", ["x"], ["u"], name="deep"),
+                                   helper.make_node("Identity", ["ci"], ["co"])], "body",
+                                  [_vi("i", [], TensorProto.INT64), _vi("ci", [], TensorProto.BOOL)],
+                                  [_vi("co", [], TensorProto.BOOL), _vi("u", None)])
+    else_g = helper.make_graph([helper.make_node("Loop", ["", "c"], ["e"], name="loop_in_else", body=loop_body)],
                                "else", [], [_vi("e", None)])
     node = helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g, name="branch")
-    m = _model([node], [_vi("c", [], TensorProto.BOOL), _vi("x", [1, 1, 2])], [_vi("y", None)], opset=17)
+    m = _model([node], [_vi("c", [], TensorProto.BOOL), _vi("x", [2, 2])], [_vi("y", None)], opset=17)
     with pytest.raises(RlxError) as e:
         import_onnx(_save(tmp_path, m))
     msg = str(e.value)
-    assert "If (If with a condition computed at run time): 1 node(s), e.g. branch" in msg
-    assert "LSTM (inside a subgraph): 1 node(s), e.g. lstm_in_then (in branch.then_branch)" in msg
-    assert "Loop (inside a subgraph)" in msg
-    assert "Unique (inside a subgraph): 1 node(s), e.g. deep (in loop_in_else (in branch.else_branch).body)" in msg
+    assert "Det (inside a subgraph): 1 node(s), e.g. det_in_then (in branch.then_branch)" in msg
+    assert "Unique (inside a subgraph): 1 node(s), e.g. deep (in loop_in_else.body in branch.else_branch)" in msg
+    assert "If" not in msg.split("supported ONNX ops")[0]  # If and Loop themselves lower (test_control_flow_onnx.py)
 
 
 # ------------------------------------------------------------------------------------------- opsets 7-23
@@ -535,8 +535,8 @@ def test_every_opset_form(tmp_path, case, opset):
 def test_sweep_covers_every_accepted_op():
     from rlx_bake.onnx.context import LOWER
     swept = {n.op_type for _, nodes, _ in SWEEP.values() for n in nodes}
-    # Softmin: no ONNX op of that name (alias); If: needs a known condition and branches (test_control_flow.py)
-    missing = sorted(set(LOWER) - swept - {"Constant", "Softmin", "If"})
+    # Softmin: no ONNX op of that name (alias); If, Loop, Scan: need bodies (test_control_flow*.py)
+    missing = sorted(set(LOWER) - swept - {"Constant", "Softmin", "If", "Loop", "Scan"})
     assert not missing, f"ops the importer accepts but the opset sweep never builds: {missing}"
 
 

@@ -24,7 +24,7 @@ import numpy as np
 from .constants import MAX_BODY_DEPTH, MAX_DIM, MAX_NODES, MAX_RANK, MAX_STR
 from .dtypes import NUMPY_DTYPES, bf16_to_f32, check_dtype, f32_to_bf16
 from .errors import GraphError, brief
-from .ops import LEAF_OPS, OPS, InferCtx, TensorType, normalize_attrs
+from .ops import CONTROL_OPS, LEAF_OPS, OPS, InferCtx, TensorType, normalize_attrs
 from .ops.core import INT64_MAX, INT64_MIN
 from .ops.infer_control import TupleType, bodies
 
@@ -548,6 +548,8 @@ def _body_depth(g: Graph) -> int:
     """How deep bodies nest below `g` (0: none), from the bodies' own (already validated) depths."""
     depth = 0
     for n in g.nodes:
+        if n.op not in CONTROL_OPS:
+            continue
         for b in bodies(n):
             if isinstance(b, Graph):
                 depth = max(depth, getattr(b, "depth", 0) + 1)

@@ -5,20 +5,29 @@ the same value on every iteration and in either branch: it is lifted into the en
 control node, and its result is captured instead. The enclosing graph's constant fold then evaluates it under
 the usual growth guard and memory budget, and a weight only the lifted work read stops being captured (so a
 transposed weight is stored once, transposed). Values that depend on an iteration's inputs never move: folding
-never crosses an iteration or branch boundary. Called by the fold pass (one line) before it folds.
+never crosses an iteration or branch boundary. Called by the fold pass (one line) before it folds; it also
+drops body nodes no body output needs and captures no body reads.
 """
 
 from __future__ import annotations
 
 from rlx_format.graph import Graph, Node, Value, unique_name
 from rlx_format.ops import CONTROL_OPS, RANDOM_OPS
-from rlx_format.ops.infer_control import bodies
 
 _BODY_KEYS = {"If": ("then_branch", "else_branch"), "Loop": ("body",), "Scan": ("body",)}
 
 
 def _n_captures(n: Node) -> int:
     return len(n.inputs) - 1 if n.op == "If" else n.attrs["num_captures"]
+
+
+def _dead_nodes(body: Graph) -> set[str]:
+    """Body nodes no body output depends on (nodes are in topological order: one backward sweep)."""
+    live = set(body.outputs)
+    for b in reversed(body.nodes):
+        if b.name in live:
+            live.update(b.inputs)
+    return {b.name for b in body.nodes if b.name not in live}
 
 
 def lift_known_work(graph: Graph) -> Graph:
@@ -86,8 +95,15 @@ def _lift_node(graph: Graph, n: Node, taken: set[str]) -> tuple[list[Node], Node
                 boundary_types[outer] = body.types[name]
         body.nodes = kept
         new_bodies[k] = body
-    if not lifted:
-        if all(new_bodies[k].nodes == n.attrs[k].nodes for k in keys):
+    dead = {k: _dead_nodes(new_bodies[k]) for k in keys}
+    for k in keys:
+        if dead[k]:
+            new_bodies[k].nodes = [b for b in new_bodies[k].nodes if b.name not in dead[k]]
+    if not lifted and not any(dead.values()):
+        reads = [{i for b in new_bodies[k].nodes for i in b.inputs} | set(new_bodies[k].outputs) for k in keys]
+        unused = any(all(new_bodies[k].inputs[len(new_bodies[k].inputs) - c + j].name not in r
+                         for k, r in zip(keys, reads)) for j in range(c))
+        if not unused and all(new_bodies[k].nodes == n.attrs[k].nodes for k in keys):
             return [], n
     # rebuild every body with the same capture list: the old captures still read, then the lifted boundaries
     reads = [{i for b in new_bodies[k].nodes for i in b.inputs} | set(new_bodies[k].outputs) for k in keys]
@@ -110,5 +126,3 @@ def _lift_node(graph: Graph, n: Node, taken: set[str]) -> tuple[list[Node], Node
         attrs["num_captures"] = len(keep_idx) + len(new_caps)
     return lifted, Node(n.name, n.op, inputs, attrs)
 
-
-__all__ = ["lift_known_work", "bodies"]

@@ -73,11 +73,12 @@ def rlx_type(ctx, scope: _Scope | None, name: str) -> TensorType:
         return memo.setdefault(name, TensorType(dtype_of_array(v), tuple(v.shape)))
     if name in ctx.inits:
         return memo.setdefault(name, TensorType(ctx.init_dtype[name], tuple(ctx.inits[name].shape)))
+    owner = scope if scope is not None else ctx  # a name -> node index, rebuilt when nodes were added
     nodes = scope.nodes if scope is not None else ctx.nodes
-    if scope is None and getattr(ctx, "_node_index_len", -1) != len(nodes):
-        ctx._node_index = {n.name: n for n in nodes}
-        ctx._node_index_len = len(nodes)
-    index = {n.name: n for n in nodes} if scope is not None else ctx._node_index
+    if getattr(owner, "_node_index_len", -1) != len(nodes):
+        owner._node_index = {n.name: n for n in nodes}
+        owner._node_index_len = len(nodes)
+    index = owner._node_index
     if name not in index:
         t = ctx.types.get(name)  # a graph input
         if t is None or t[1] is None:
@@ -115,8 +116,18 @@ def _symbolic(t: TensorType, name: str) -> tuple:
     return t.dtype, tuple(f"{name}:d{i}" for i in range(t.rank))
 
 
+def _main_names(ctx) -> set[str]:
+    """Every name the main graph defines (also those not lowered yet): a body name never takes one."""
+    if not hasattr(ctx, "_main_names"):
+        g = ctx.model.graph
+        ctx._main_names = ({o for n in g.node for o in n.output} | {v.name for v in g.input}
+                           | {t.name for t in g.initializer})
+    return ctx._main_names
+
+
 def _local(ctx, scope: _Scope, onnx_name: str) -> str:
-    rn = ctx.fresh(onnx_name) if onnx_name in ctx.names else onnx_name
+    clash = onnx_name in ctx.names or onnx_name in _main_names(ctx)
+    rn = ctx.fresh(onnx_name) if clash else onnx_name
     ctx.names.add(rn)
     scope.alias[onnx_name] = rn
     scope.defined.add(rn)
