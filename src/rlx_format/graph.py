@@ -24,9 +24,9 @@ import numpy as np
 from .constants import MAX_BODY_DEPTH, MAX_DIM, MAX_NODES, MAX_RANK, MAX_STR
 from .dtypes import NUMPY_DTYPES, bf16_to_f32, check_dtype, f32_to_bf16
 from .errors import GraphError, brief
-from .ops import CONTROL_OPS, LEAF_OPS, OPS, InferCtx, TensorType, normalize_attrs
+from .ops import BODY_TYPES, CONTROL_OPS, LEAF_OPS, OPS, InferCtx, TensorType, bodies, normalize_attrs
 from .ops.core import INT64_MAX, INT64_MIN
-from .ops.infer_control import TupleType, bodies
+from .ops.infer_control import TupleType
 
 FORMAT_NAME = "rlx.graph"
 GRAPH_VERSION_MAJOR = 1
@@ -423,6 +423,9 @@ def _dump_compact(d: dict) -> str:
             lines.append(f" {json.dumps(k)}: {json.dumps(v, ensure_ascii=False)}{tail}")
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+BODY_TYPES.append(Graph)  # graph-valued attrs (If/Loop/Scan bodies) hold Graphs
 
 
 def _parse_version(v: Any) -> tuple[int, int]:

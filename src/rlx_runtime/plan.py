@@ -15,6 +15,7 @@ import numpy as np
 from rlx_format.dtypes import bf16_to_f32, compute_dtype
 from rlx_format.errors import RlxError, RuntimeInputError
 from rlx_format.graph import Graph
+from rlx_format.ops import body_attrs
 
 from .backend import Backend
 from .kernels import prepare_attrs
@@ -72,13 +73,22 @@ class Plan:
             if s not in keep and s not in leaf_slots:
                 frees_at.setdefault(i, []).append(s)
         self.steps = [
-            Step(n.name, n.op, backend.kernel(n.op), prepare_attrs(n.op, n.attrs), tuple(slot[x] for x in n.inputs),
+            Step(n.name, n.op, backend.kernel(n.op), self._attrs(n), tuple(slot[x] for x in n.inputs),
                  slot[n.name], tuple(frees_at.get(i, ())))
             for i, n in enumerate(graph.nodes)
         ]
         self.leaf_slots = leaf_slots
         from .codegen import generate
         self._fast, self._line_step = generate(self)
+
+    def _attrs(self, n) -> dict:
+        """A step's attrs: prepared by the kernel registry, plus a sub-plan per body (If/Loop/Scan), planned
+        now on the same backend so a body's errors surface at compile."""
+        a = prepare_attrs(n.op, n.attrs)
+        keys = body_attrs(n.op)
+        if keys:
+            a["_plans"] = {k: Plan(n.attrs[k], self.backend) for k in keys}
+        return a
 
     # ---------------------------------------------------------------- binding
     def check_param(self, name: str, value) -> object:

@@ -161,6 +161,22 @@ RANDOM_OPS = frozenset(n for n, s in OPS.items() if s.kind == "random")
 CONTROL_OPS = frozenset(n for n, s in OPS.items() if s.kind == "control")  # values are tuples; never folded
 
 
+# the class a "graph" attr holds: rlx_format.graph.Graph registers itself here (graph.py imports this module,
+# so the catalogue never imports graph.py back)
+BODY_TYPES: list[type] = []
+
+
+def body_attrs(op: str) -> list[str]:
+    """Names of an op's graph-valued attrs (its bodies), in schema order; empty for other ops."""
+    spec = OPS.get(op)
+    return [k for k, a in spec.attrs.items() if a.kind == "graph"] if spec is not None else []
+
+
+def bodies(node) -> list:
+    """The body graphs of a node (empty for ops without graph attrs), in attr order."""
+    return [node.attrs[k] for k in body_attrs(node.op) if k in node.attrs]
+
+
 def normalize_attrs(op: str, attrs: dict, where: str) -> dict[str, Any]:
     """Type-check attrs against the catalogue and fill defaults. Raises GraphError."""
     spec = OPS[op]
@@ -204,8 +220,7 @@ def _check_attr(v, a: Attr, where: str):
         ok = isinstance(v, (list, tuple)) and all(isinstance(e, str) for e in v)
         v = list(v) if ok else v
     elif a.kind == "graph":
-        from ..graph import Graph  # the catalogue is imported by graph.py
-        ok = isinstance(v, Graph)
+        ok = isinstance(v, tuple(BODY_TYPES))
     elif a.kind in ("ints", "floats"):
         ok = isinstance(v, (list, tuple)) and all(_is_int(e) if a.kind == "ints" else _is_number(e) for e in v)
     if not ok:

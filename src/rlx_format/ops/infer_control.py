@@ -39,16 +39,6 @@ class TupleType:
         return {"dtype": "tuple", "items": [t.to_json() for t in self.items]}
 
 
-def bodies(node) -> list:
-    """The body graphs of a node (empty for ops without graph attrs), in attr order."""
-    from .catalogue import OPS
-
-    spec = OPS.get(node.op)
-    if spec is None:
-        return []
-    return [node.attrs[k] for k, a in spec.attrs.items() if a.kind == "graph" and k in node.attrs]
-
-
 def _check_body(ctx: InferCtx, key: str):
     body = ctx.attrs[key]
     if body.params:

@@ -17,18 +17,16 @@ import numpy as np
 from rlx_format.dtypes import compute_dtype
 from rlx_format.errors import RlxError
 
-from ..backend import backend_of, host_ints
+from ..backend import host_ints
 from .registry import kernel
 
 
 def _plan(a: dict, key: str, xp):
-    cache = a.setdefault("_plans", {})
-    p = cache.get((key, id(xp)))
-    if p is None:
-        from ..plan import Plan  # plan.py imports this package
-
-        p = cache[(key, id(xp))] = Plan(a[key], backend_of(xp))
-    return p
+    """The body's sub-plan, made by the enclosing Plan at compile (plan.py: `_plans`, on the same backend)."""
+    plans = a.get("_plans")
+    if plans is None:
+        raise RlxError("a control-flow op runs only inside a compiled plan (its bodies are planned at compile)")
+    return plans[key]
 
 
 def _call(plan, args: list, what: str) -> list:
