@@ -15,14 +15,9 @@ from pathlib import Path
 import numpy as np
 from safetensors import safe_open
 
+from rlx_format.dtypes import NUMPY_DTYPES, SAFETENSORS_DTYPES
 from rlx_format.errors import RlxError
 
-# safetensors dtype tag -> (numpy storage dtype, IR dtype)
-_ST_DTYPES = {
-    "F32": (np.float32, "f32"), "F16": (np.float16, "f16"), "BF16": (np.uint16, "bf16"), "F64": (np.float64, "f64"),
-    "I64": (np.int64, "i64"), "I32": (np.int32, "i32"), "I16": (np.int16, "i16"), "I8": (np.int8, "i8"),
-    "U8": (np.uint8, "u8"), "BOOL": (np.bool_, "bool"),
-}
 
 
 class WeightSet(dict):
@@ -53,10 +48,11 @@ def load_safetensors(path: str | os.PathLike) -> WeightSet:
     for name, info in header.items():
         if name == "__metadata__" or name not in keys:
             continue
-        if info["dtype"] not in _ST_DTYPES:
+        if info["dtype"] not in SAFETENSORS_DTYPES:
             raise RlxError(f"{path}: tensor {name!r} has dtype {info['dtype']}; rlx supports "
-                           f"{', '.join(_ST_DTYPES)}")
-        np_dt, ir_dt = _ST_DTYPES[info["dtype"]]
+                           f"{', '.join(SAFETENSORS_DTYPES)}")
+        ir_dt = SAFETENSORS_DTYPES[info["dtype"]]
+        np_dt = NUMPY_DTYPES[ir_dt]
         start, end = info["data_offsets"]
         count = int(np.prod(info["shape"], dtype=np.int64))
         arr = np.frombuffer(mm, dtype=np.dtype(np_dt).newbyteorder("<"), count=count, offset=base + start)

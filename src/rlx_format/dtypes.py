@@ -26,6 +26,10 @@ NUMPY_DTYPES: dict[str, np.dtype] = {
     "bool": np.dtype("bool"),
 }
 DTYPES = tuple(NUMPY_DTYPES)
+# foreign vocabularies -> IR dtype names (the storage dtype is then NUMPY_DTYPES[ir])
+ONNX_DTYPES = {1: "f32", 10: "f16", 16: "bf16", 11: "f64", 7: "i64", 6: "i32", 5: "i16", 3: "i8", 2: "u8", 9: "bool"}
+SAFETENSORS_DTYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16", "F64": "f64", "I64": "i64", "I32": "i32",
+                      "I16": "i16", "I8": "i8", "U8": "u8", "BOOL": "bool"}
 FLOAT_DTYPES = frozenset({"f32", "f16", "bf16", "f64"})
 INT_DTYPES = frozenset({"i64", "i32", "i16", "i8", "u8"})
 

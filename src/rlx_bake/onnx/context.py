@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rlx_format.dtypes import dtype_of_array, f32_to_bf16
+from rlx_format.dtypes import ONNX_DTYPES, dtype_of_array, f32_to_bf16
 from rlx_format.errors import RlxError
 from rlx_format.graph import Node
 from rlx_format.ops import OPS, RANDOM_OPS, normalize_attrs
@@ -25,7 +25,6 @@ try:
 except ImportError:  # pragma: no cover - exercised only without the extra
     onnx = None
 
-_DTYPES = {1: "f32", 10: "f16", 16: "bf16", 11: "f64", 7: "i64", 6: "i32", 5: "i16", 3: "i8", 2: "u8", 9: "bool"}
 
 
 _FOLD_BYTES = 1 << 20           # import-time folds bigger than this stay nodes (the bake's fold decides)
@@ -36,7 +35,7 @@ class Unsupported(Exception):
     """Raised by a lowering for a form rlx cannot express (collected, then reported together)."""
 
 
-class _Ctx:
+class ImportContext:
     def __init__(self, model, source: Path):
         self.model = model
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
@@ -150,7 +149,7 @@ class _Ctx:
 
     def _external(self, t, what: str) -> np.ndarray:
         what = f"{self.source}: {what}"
-        dt = _DTYPES.get(t.data_type)
+        dt = ONNX_DTYPES.get(t.data_type)
         if dt is None:
             raise RlxError(f"{what}: unsupported ONNX data type {t.data_type} for external data")
         dims = tuple(int(d) for d in t.dims)
@@ -168,7 +167,7 @@ def helper_np(elem_type: int):
     return onnx.helper.tensor_dtype_to_np_dtype(elem_type)
 
 
-def _attrs(node) -> dict:
+def onnx_attrs(node) -> dict:
     out = {}
     for a in node.attribute:
         v = onnx.helper.get_attribute_value(a)
@@ -182,33 +181,33 @@ def _attrs(node) -> dict:
 
 # ----------------------------------------------------------------------------------------- lowerings
 
-Lowering = Callable[[_Ctx, object, dict], None]
+Lowering = Callable[[ImportContext, object, dict], None]
 LOWER: dict[str, Lowering] = {}
 
 
-def _direct(op):
+def direct(op):
     def lower(ctx, n, a):
         ctx.emit(op, [i for i in n.input if i], {}, n.output[0])
     return lower
 
 
-def _attr_copy(op, keys):
+def attr_copy(op, keys):
     def lower(ctx, n, a):
         ctx.emit(op, [i for i in n.input if i], {k: a[k] for k in keys if k in a}, n.output[0])
     return lower
 
 
-class _Fake:
+class NodeLike:
     def __init__(self, inputs, outputs):
         self.input, self.output = list(inputs), list(outputs)
 
 
-def _np(ctx, name):
+def numpy_dtype(ctx, name):
     from rlx_format.dtypes import compute_dtype
     return compute_dtype(ctx.dtype(name) or "f32")
 
 
-def _axes_from(ctx, n, a, pos: int, attr: str = "axes"):
+def axes_from(ctx, n, a, pos: int, attr: str = "axes"):
     if attr in a:
         return list(a[attr])
     if len(n.input) > pos and n.input[pos]:

@@ -12,13 +12,13 @@ from rlx_format.graph import Graph, Value
 
 from ..weights import WeightSet
 from . import lower_control, lower_math, lower_nn, lower_qint, lower_rnn, lower_shape  # noqa: F401 - fill LOWER
-from .context import _attrs, _Ctx, _DTYPES, LOWER, onnx, Unsupported
+from .context import onnx_attrs, ImportContext, ONNX_DTYPES, LOWER, onnx, Unsupported
 from .lower_control import BodyUnsupported
 
 
 def _value_type(vi) -> tuple[str, tuple] | None:
     tt = vi.type.tensor_type
-    dt = _DTYPES.get(tt.elem_type)
+    dt = ONNX_DTYPES.get(tt.elem_type)
     if dt is None or not tt.HasField("shape"):
         return (dt, None) if dt else None
     dims = []
@@ -71,7 +71,7 @@ def import_onnx(path: str | os.PathLike) -> tuple[Graph, WeightSet]:
         inferred = onnx.shape_inference.infer_shapes(model)
     except Exception:  # noqa: BLE001 - inference is only a helper for ranks
         inferred = model
-    ctx = _Ctx(model, path)
+    ctx = ImportContext(model, path)
     g = model.graph
     for vi in list(inferred.graph.value_info) + list(g.input) + list(g.output):
         t = _value_type(vi)
@@ -84,7 +84,7 @@ def import_onnx(path: str | os.PathLike) -> tuple[Graph, WeightSet]:
             raise
         except Exception as e:  # noqa: BLE001 - onnx/numpy raise many types for corrupt tensors
             raise RlxError(f"{path}: initializer {t.name!r} is malformed ({type(e).__name__}: {e})") from None
-        ctx.init_dtype[t.name] = _DTYPES.get(t.data_type, "?")
+        ctx.init_dtype[t.name] = ONNX_DTYPES.get(t.data_type, "?")
         ctx.types[t.name] = (ctx.init_dtype[t.name], tuple(ctx.inits[t.name].shape))
         ctx.names.add(t.name)
     init_names = set(ctx.inits)
@@ -115,7 +115,7 @@ def import_onnx(path: str | os.PathLike) -> tuple[Graph, WeightSet]:
                 where.setdefault(sub_key, []).append(sub_label)
             continue
         try:
-            lower(ctx, n, _attrs(n))
+            lower(ctx, n, onnx_attrs(n))
         except BodyUnsupported as e:  # the ops inside its bodies that cannot be lowered, each with where it is
             for sub_key, sub_label in e.items:
                 unsupported[sub_key] += 1

@@ -18,7 +18,7 @@ from rlx_format.errors import GraphError
 from rlx_format.graph import Graph, Node, Value
 from rlx_format.ops import OPS, InferCtx, TensorType, normalize_attrs
 
-from .context import _DTYPES, LOWER, Unsupported, _attrs, onnx
+from .context import ONNX_DTYPES, LOWER, Unsupported, onnx_attrs, onnx
 
 
 class BodyUnsupported(Unsupported):
@@ -151,7 +151,7 @@ def _lower_body(ctx, g, formal: list[TensorType], where: str, bad: list) -> tupl
         if t.name in ctx.names:
             raise Unsupported(f"{where} initializer {t.name!r} shadows another value")
         ctx.inits[t.name] = ctx.tensor(t)
-        ctx.init_dtype[t.name] = _DTYPES.get(t.data_type, "?")
+        ctx.init_dtype[t.name] = ONNX_DTYPES.get(t.data_type, "?")
         ctx.types[t.name] = (ctx.init_dtype[t.name], tuple(ctx.inits[t.name].shape))
         ctx.names.add(t.name)
     saved_nodes, saved_scope = ctx.nodes, parent
@@ -179,7 +179,7 @@ def _lower_body(ctx, g, formal: list[TensorType], where: str, bad: list) -> tupl
                 continue
             k0 = len(scope.nodes)
             try:
-                lower(ctx, node, _attrs(node))
+                lower(ctx, node, onnx_attrs(node))
             except BodyUnsupported as e:
                 bad.extend(e.items)
             except Unsupported as e:
@@ -253,14 +253,14 @@ def _formal_rank(vi, default: int = 0) -> int:
 def _inline_if(ctx, n, branch) -> None:
     for t in branch.initializer:
         ctx.inits[t.name] = ctx.tensor(t)
-        ctx.init_dtype[t.name] = _DTYPES.get(t.data_type, "?")
+        ctx.init_dtype[t.name] = ONNX_DTYPES.get(t.data_type, "?")
         ctx.types[t.name] = (ctx.init_dtype[t.name], tuple(ctx.inits[t.name].shape))
         ctx.names.add(t.name)
     for sub in branch.node:
         lower = LOWER.get(sub.op_type) if sub.domain in ("", "ai.onnx") else None
         if lower is None:
             raise Unsupported(f"{sub.op_type} inside the taken branch")
-        lower(ctx, sub, _attrs(sub))
+        lower(ctx, sub, onnx_attrs(sub))
     if len(branch.output) != len(n.output):
         raise Unsupported(f"the taken branch has {len(branch.output)} outputs; the If has {len(n.output)}")
     made = {node.name: node for node in ctx.nodes}

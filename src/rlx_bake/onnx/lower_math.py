@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .context import LOWER, Unsupported, _DTYPES, _Fake, _attr_copy, _axes_from, _direct, _np
+from .context import LOWER, Unsupported, ONNX_DTYPES, NodeLike, attr_copy, axes_from, direct, numpy_dtype
 
 
 _SAME = ["Abs", "Neg", "Exp", "Log", "Sqrt", "Reciprocal", "Sin", "Cos", "Tan", "Tanh", "Sigmoid", "Relu", "Erf",
@@ -15,20 +15,20 @@ _SAME = ["Abs", "Neg", "Exp", "Log", "Sqrt", "Reciprocal", "Sin", "Cos", "Tan", 
 
 
 for _op in _SAME:
-    LOWER[_op] = _direct(_op)
+    LOWER[_op] = direct(_op)
 
 
 # ONNX spells these GreaterOrEqual/LessOrEqual (opset 12+); the catalogue's names are shorter
-LOWER["GreaterOrEqual"] = _direct("GreaterEqual")
-LOWER["LessOrEqual"] = _direct("LessEqual")
-LOWER["LeakyRelu"] = _attr_copy("LeakyRelu", ["alpha"])
-LOWER["Elu"] = _attr_copy("Elu", ["alpha"])
-LOWER["Selu"] = _attr_copy("Selu", ["alpha", "gamma"])
-LOWER["Gelu"] = _attr_copy("Gelu", ["approximate"])
-LOWER["ArgMax"] = _attr_copy("ArgMax", ["axis", "keepdims", "select_last_index"])
-LOWER["ArgMin"] = _attr_copy("ArgMin", ["axis", "keepdims", "select_last_index"])
-LOWER["Einsum"] = _attr_copy("Einsum", ["equation"])
-LOWER["Mod"] = _attr_copy("Mod", ["fmod"])
+LOWER["GreaterOrEqual"] = direct("GreaterEqual")
+LOWER["LessOrEqual"] = direct("LessEqual")
+LOWER["LeakyRelu"] = attr_copy("LeakyRelu", ["alpha"])
+LOWER["Elu"] = attr_copy("Elu", ["alpha"])
+LOWER["Selu"] = attr_copy("Selu", ["alpha", "gamma"])
+LOWER["Gelu"] = attr_copy("Gelu", ["approximate"])
+LOWER["ArgMax"] = attr_copy("ArgMax", ["axis", "keepdims", "select_last_index"])
+LOWER["ArgMin"] = attr_copy("ArgMin", ["axis", "keepdims", "select_last_index"])
+LOWER["Einsum"] = attr_copy("Einsum", ["equation"])
+LOWER["Mod"] = attr_copy("Mod", ["fmod"])
 
 
 def _isnan(ctx, n, a):
@@ -39,7 +39,7 @@ def _isnan(ctx, n, a):
 def _isinf(ctx, n, a):
     x = n.input[0]
     pos, neg = a.get("detect_positive", 1), a.get("detect_negative", 1)
-    inf = ctx.const(np.array(np.inf, _np(ctx, x)))
+    inf = ctx.const(np.array(np.inf, numpy_dtype(ctx, x)))
     if pos and neg:
         ctx.emit("Equal", [ctx.emit("Abs", [x]), inf], {}, n.output[0])
     elif pos:
@@ -51,7 +51,7 @@ def _isinf(ctx, n, a):
 def _reduce_composite(kind):
     def lower(ctx, n, a):
         x = n.input[0]
-        axes = _axes_from(ctx, n, a, 1)
+        axes = axes_from(ctx, n, a, 1)
         keep = a.get("keepdims", 1)
         if kind == "L1":
             ctx.emit("ReduceSum", [ctx.emit("Abs", [x])], {"axes": axes, "keepdims": keep}, n.output[0])
@@ -95,7 +95,7 @@ LOWER["Dropout"] = _dropout
 
 
 def _cast(ctx, n, a):
-    to = _DTYPES.get(a["to"])
+    to = ONNX_DTYPES.get(a["to"])
     if to is None:
         raise Unsupported(f"Cast to ONNX type {a['to']}")
     ctx.emit("Cast", [n.input[0]], {"to": to}, n.output[0])
@@ -124,7 +124,7 @@ LOWER["LogSoftmax"] = _softmax("LogSoftmax")
 
 def _softmin(ctx, n, a):
     neg = ctx.emit("Neg", [n.input[0]])
-    LOWER["Softmax"](ctx, _Fake([neg], n.output), a)
+    LOWER["Softmax"](ctx, NodeLike([neg], n.output), a)
 
 
 LOWER["Softmin"] = _softmin
@@ -152,7 +152,7 @@ def _mean(ctx, n, a):
     total = ins[0]
     for i in ins[1:]:
         total = ctx.emit("Add", [total, i])
-    ctx.emit("Div", [total, ctx.const(np.array(len(ins), _np(ctx, ins[0])))], {}, n.output[0])
+    ctx.emit("Div", [total, ctx.const(np.array(len(ins), numpy_dtype(ctx, ins[0])))], {}, n.output[0])
 
 
 LOWER["Mean"] = _mean
@@ -177,7 +177,7 @@ LOWER["Clip"] = _clip
 
 
 def _emit_hard_sigmoid(ctx, x: str, alpha: float, beta: float, name: str | None = None) -> str:
-    dt = _np(ctx, x)
+    dt = numpy_dtype(ctx, x)
     lin = ctx.emit("Add", [ctx.emit("Mul", [x, ctx.const(np.array(alpha, dt))]), ctx.const(np.array(beta, dt))])
     return ctx.emit("Clip", [lin], {"min": 0.0, "max": 1.0}, name)
 
@@ -201,7 +201,7 @@ def _mish(ctx, n, a):
 
 def _celu(ctx, n, a):
     x = n.input[0]
-    dt = _np(ctx, x)
+    dt = numpy_dtype(ctx, x)
     alpha = ctx.const(np.array(a.get("alpha", 1.0), dt))
     zero = ctx.const(np.array(0, dt))
     neg = ctx.emit("Mul", [alpha, ctx.emit("Sub", [ctx.emit("Exp", [ctx.emit("Div", [x, alpha])]),
@@ -211,14 +211,14 @@ def _celu(ctx, n, a):
 
 def _thresholded_relu(ctx, n, a):
     x = n.input[0]
-    dt = _np(ctx, x)
+    dt = numpy_dtype(ctx, x)
     ctx.emit("Where", [ctx.emit("Greater", [x, ctx.const(np.array(a.get("alpha", 1.0), dt))]), x,
                        ctx.const(np.array(0, dt))], {}, n.output[0])
 
 
 def _shrink(ctx, n, a):
     x = n.input[0]
-    dt = _np(ctx, x)
+    dt = numpy_dtype(ctx, x)
     lambd, bias = ctx.const(np.array(a.get("lambd", 0.5), dt)), ctx.const(np.array(a.get("bias", 0.0), dt))
     zero = ctx.const(np.array(0, dt))
     low = ctx.emit("Where", [ctx.emit("Less", [x, ctx.emit("Neg", [lambd])]), ctx.emit("Add", [x, bias]), zero])
@@ -238,7 +238,7 @@ def _prelu(ctx, n, a):
     sv = ctx.value(slope)
     if sv is not None and xr is not None and sv.ndim == 1 and sv.size > 1 and xr > 2:
         slope = ctx.emit("Reshape", [slope], {"shape": [sv.size] + [1] * (xr - 2)})  # per-channel slope
-    zero = ctx.const(np.array(0, _np(ctx, x)))
+    zero = ctx.const(np.array(0, numpy_dtype(ctx, x)))
     ctx.emit("Where", [ctx.emit("Less", [x, zero]), ctx.emit("Mul", [x, slope]), x], {}, n.output[0])
 
 
@@ -247,7 +247,7 @@ LOWER["PRelu"] = _prelu
 
 def _reduce(op):
     def lower(ctx, n, a):
-        axes = _axes_from(ctx, n, a, 1)
+        axes = axes_from(ctx, n, a, 1)
         if axes == [] or (axes is None and a.get("noop_with_empty_axes", 0)):
             if a.get("noop_with_empty_axes", 0):
                 ctx.emit("Identity", [n.input[0]], {}, n.output[0])
@@ -263,7 +263,7 @@ for _op in ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd"]:
 
 def _reduce_sum_square(ctx, n, a):
     sq = ctx.emit("Mul", [n.input[0], n.input[0]])
-    LOWER["ReduceSum"](ctx, _Fake([sq] + list(n.input[1:]), n.output), a)
+    LOWER["ReduceSum"](ctx, NodeLike([sq] + list(n.input[1:]), n.output), a)
 
 
 LOWER["ReduceSumSquare"] = _reduce_sum_square

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .context import LOWER, Unsupported, _DTYPES, _np
+from .context import LOWER, Unsupported, ONNX_DTYPES, numpy_dtype
 
 
 def _per_axis(ctx, n, a, name: str, x: str) -> str:
@@ -35,7 +35,7 @@ def _dequantize_linear(ctx, n, a):
     ctx.emit("Mul", [xf, s], {}, n.output[0])
 
 
-_QRANGE = {"u8": (0, 255), "i8": (-128, 127), "i16": (-32768, 32767), "i32": (-(2**31), 2**31 - 1)}
+QUANT_RANGE = {"u8": (0, 255), "i8": (-128, 127), "i16": (-32768, 32767), "i32": (-(2**31), 2**31 - 1)}
 
 
 def _quantize_linear(ctx, n, a):
@@ -43,13 +43,13 @@ def _quantize_linear(ctx, n, a):
         raise Unsupported("QuantizeLinear block_size")
     x, scale = n.input[0], n.input[1]
     has_zp = len(n.input) > 2 and n.input[2]
-    out_t = ctx.dtype(n.input[2]) if has_zp else _DTYPES.get(a.get("output_dtype", 2), "u8")
-    if out_t not in _QRANGE:
+    out_t = ctx.dtype(n.input[2]) if has_zp else ONNX_DTYPES.get(a.get("output_dtype", 2), "u8")
+    if out_t not in QUANT_RANGE:
         raise Unsupported(f"QuantizeLinear to {out_t}")
     q = ctx.emit("Round", [ctx.emit("Div", [x, _per_axis(ctx, n, a, scale, x)])])  # half to even, as ONNX
     if has_zp:
         q = ctx.emit("Add", [q, ctx.emit("Cast", [_per_axis(ctx, n, a, n.input[2], x)], {"to": ctx.dtype(x) or "f32"})])
-    lo, hi = _QRANGE[out_t]
+    lo, hi = QUANT_RANGE[out_t]
     ctx.emit("Cast", [ctx.emit("Clip", [q], {"min": float(lo), "max": float(hi)})], {"to": out_t}, n.output[0])
 
 
@@ -63,7 +63,7 @@ def _gemm(ctx, n, a):
         A = ctx.emit("Transpose", [A], {"perm": [1, 0]})
     if a.get("transB", 0):
         B = ctx.emit("Transpose", [B], {"perm": [1, 0]})
-    dt = _np(ctx, n.input[0])
+    dt = numpy_dtype(ctx, n.input[0])
     y = ctx.emit("MatMul", [A, B])
     alpha, beta = a.get("alpha", 1.0), a.get("beta", 1.0)
     has_c = len(n.input) > 2 and n.input[2]
@@ -81,7 +81,7 @@ def _gemm(ctx, n, a):
 LOWER["Gemm"] = _gemm
 
 
-def _auto_pad(ctx, n, a, kernel, fill: float = 0.0, x: str | None = None) -> tuple[list[int] | None, str]:
+def auto_pad(ctx, n, a, kernel, fill: float = 0.0, x: str | None = None) -> tuple[list[int] | None, str]:
     """(pads, input): explicit pads, or SAME_* pads computed at import (static spatial dims or stride 1),
     or, for symbolic dims with a stride, a run-time Pad of the input (then pads are zeros). `x` is the
     tensor to pad when it is not the node's input itself (a value computed from it, of its shape)."""
@@ -145,7 +145,7 @@ def _conv(op):
             attrs.pop("output_padding", None)
         if op == "ConvTranspose" and a.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
             raise Unsupported(f"ConvTranspose auto_pad={a['auto_pad']}")
-        pads, x = _auto_pad(ctx, n, a, kernel)
+        pads, x = auto_pad(ctx, n, a, kernel)
         if pads is not None:
             attrs["pads"] = list(pads)
         ctx.emit(op, [x] + [i for i in n.input[1:] if i], attrs, n.output[0])
@@ -172,7 +172,7 @@ def _pool(op):
             if t is None or t[1] is None or not all(isinstance(d, int) or s == 1 for d, s in
                                                     zip(t[1][2:], a.get("strides") or [1] * len(kernel))):
                 raise Unsupported(f"AveragePool auto_pad={a['auto_pad']} with a stride on symbolic dims")
-        pads, x = _auto_pad(ctx, n, a, kernel, fill=-np.inf if op == "MaxPool" else 0.0)
+        pads, x = auto_pad(ctx, n, a, kernel, fill=-np.inf if op == "MaxPool" else 0.0)
         if pads is not None:
             attrs["pads"] = list(pads)
         if op == "MaxPool" and a.get("dilations"):
@@ -247,7 +247,7 @@ def _lrn(ctx, n, a):
     if ctx.rank(x) != 4:
         raise Unsupported("LRN on a non-4-D input")
     size = a["size"]
-    dt = _np(ctx, x)
+    dt = numpy_dtype(ctx, x)
     sq = ctx.emit("Mul", [x, x])
     sq5 = ctx.emit("Unsqueeze", [sq], {"axes": [1]})
     lo, hi = (size - 1) // 2, size - 1 - (size - 1) // 2
@@ -346,7 +346,7 @@ def _attention(ctx, n, a):
         elif ctx.dtype(mask) == "bool":
             mask = ctx.emit("And", [mask, causal])
         else:
-            dt = _np(ctx, q)
+            dt = numpy_dtype(ctx, q)
             bias = ctx.emit("Where", [causal, ctx.const(np.array(0, dt)), ctx.const(np.array(-np.inf, dt))])
             mask = ctx.emit("Add", [mask, bias])
     elif a.get("is_causal", 0):

@@ -14,8 +14,8 @@ import numpy as np
 
 from rlx_format.ops.infer_integer import OPTIONAL
 
-from .context import LOWER, Unsupported, _Fake
-from .lower_nn import _QRANGE, _auto_pad, conv_kernel
+from .context import LOWER, Unsupported, NodeLike
+from .lower_nn import QUANT_RANGE, auto_pad, conv_kernel
 
 
 def _dynamic_quantize_linear(ctx, n, a):
@@ -52,7 +52,7 @@ def _integer(op: str):
             # that stands for 0 once the zero point is subtracted
             zp = ctx.value(n.input[2]) if len(n.input) > 2 and n.input[2] else 0
             fill = 0.0 if zp is None else float(np.asarray(zp).reshape(-1)[0])
-            pads, padded = _auto_pad(ctx, n, a, kernel, fill=fill)
+            pads, padded = auto_pad(ctx, n, a, kernel, fill=fill)
             if padded != ins[0] and zp is None:
                 raise Unsupported("ConvInteger auto_pad SAME_* padded at run time with a run-time input zero point")
             ins[0] = padded
@@ -72,7 +72,7 @@ def _requantize(ctx, acc: str, scale: str, zp: str, out: str) -> None:
     out_t = ctx.dtype(zp)
     if out_t not in ("u8", "i8"):
         raise Unsupported(f"requantization to {out_t}")
-    lo, hi = _QRANGE[out_t]
+    lo, hi = QUANT_RANGE[out_t]
     q = ctx.emit("Round", [ctx.emit("Mul", [ctx.emit("Cast", [acc], {"to": "f32"}), scale])])
     q = ctx.emit("Add", [q, ctx.emit("Cast", [zp], {"to": "f32"})])
     ctx.emit("Cast", [ctx.emit("Clip", [q], {"min": float(lo), "max": float(hi)})], {"to": out_t}, out)
@@ -88,7 +88,7 @@ def _qlinear_scale(ctx, a_s: str, b_s: str, y_s: str, per_channel_rank: int | No
 def _qlinear_matmul(ctx, n, a):
     a_, a_s, a_zp, b, b_s, b_zp, y_s, y_zp = n.input[:8]
     acc = ctx.fresh("qlinear_acc")
-    LOWER["MatMulInteger"](ctx, _Fake([a_, b, a_zp, b_zp], [acc]), {})
+    LOWER["MatMulInteger"](ctx, NodeLike([a_, b, a_zp, b_zp], [acc]), {})
     _requantize(ctx, acc, _qlinear_scale(ctx, a_s, b_s, y_s), y_zp, n.output[0])
 
 
@@ -98,7 +98,7 @@ def _qlinear_conv(ctx, n, a):
     if r is None:
         raise Unsupported("QLinearConv on an input of unknown rank")
     acc = ctx.fresh("qlinear_acc")
-    LOWER["ConvInteger"](ctx, _Fake([x, w, x_zp, w_zp], [acc]), a)
+    LOWER["ConvInteger"](ctx, NodeLike([x, w, x_zp, w_zp], [acc]), a)
     if len(n.input) > 8 and n.input[8]:  # int32 bias, added before requantization
         acc = ctx.emit("Add", [acc, ctx.emit("Reshape", [n.input[8]], {"shape": [-1] + [1] * (r - 2)})])
     _requantize(ctx, acc, _qlinear_scale(ctx, x_s, w_s, y_s, r), y_zp, n.output[0])

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from .context import _attr_copy, _axes_from, _direct, _DTYPES, LOWER, Unsupported
+from .context import attr_copy, axes_from, direct, ONNX_DTYPES, LOWER, Unsupported
 
 
-LOWER["Transpose"] = _attr_copy("Transpose", ["perm"])
-LOWER["Concat"] = _attr_copy("Concat", ["axis"])
-LOWER["Gather"] = _attr_copy("Gather", ["axis"])
-LOWER["Flatten"] = _attr_copy("Flatten", ["axis"])
-LOWER["DepthToSpace"] = _attr_copy("DepthToSpace", ["blocksize", "mode"])
-LOWER["Range"] = _direct("Range")
-LOWER["GatherElements"] = _attr_copy("GatherElements", ["axis"])
-LOWER["GatherND"] = _attr_copy("GatherND", ["batch_dims"])
-LOWER["ScatterND"] = _attr_copy("ScatterND", ["reduction"])
+LOWER["Transpose"] = attr_copy("Transpose", ["perm"])
+LOWER["Concat"] = attr_copy("Concat", ["axis"])
+LOWER["Gather"] = attr_copy("Gather", ["axis"])
+LOWER["Flatten"] = attr_copy("Flatten", ["axis"])
+LOWER["DepthToSpace"] = attr_copy("DepthToSpace", ["blocksize", "mode"])
+LOWER["Range"] = direct("Range")
+LOWER["GatherElements"] = attr_copy("GatherElements", ["axis"])
+LOWER["GatherND"] = attr_copy("GatherND", ["batch_dims"])
+LOWER["ScatterND"] = attr_copy("ScatterND", ["reduction"])
 
 
 def _topk_lower(ctx, n, a):
@@ -29,7 +29,7 @@ def _topk_lower(ctx, n, a):
 
 
 LOWER["TopK"] = _topk_lower
-LOWER["ScatterElements"] = _attr_copy("ScatterElements", ["axis", "reduction"])
+LOWER["ScatterElements"] = attr_copy("ScatterElements", ["axis", "reduction"])
 
 
 def _trilu_lower(ctx, n, a):
@@ -61,7 +61,7 @@ LOWER["Reshape"] = _reshape
 
 def _squeeze(op):
     def lower(ctx, n, a):
-        axes = _axes_from(ctx, n, a, 1)
+        axes = axes_from(ctx, n, a, 1)
         ctx.emit(op, [n.input[0]], {"axes": axes}, n.output[0])
     return lower
 
@@ -179,7 +179,7 @@ def _constant_of_shape(ctx, n, a):
     t = a.get("value")
     what = f"ConstantOfShape node {n.name or n.output[0]!r}"
     val = ctx.attr_tensor(t, what) if t is not None else np.zeros(1, np.float32)
-    dt = _DTYPES.get(t.data_type, "f32") if t is not None else "f32"
+    dt = ONNX_DTYPES.get(t.data_type, "f32") if t is not None else "f32"
     v = ctx.value(n.input[0])
     attrs = {"value": float(val.reshape(-1)[0]), "dtype": dt}
     if v is not None:
@@ -278,7 +278,7 @@ def _constant(ctx, n, a):
         raise Unsupported("Constant with a sparse or string value")
     ctx.consts[n.output[0]] = np.array(arr, order="C")
     ctx.names.add(n.output[0])
-    dt = _DTYPES.get(a["value"].data_type) if "value" in a else ("f32" if arr.dtype.kind == "f" else "i64")
+    dt = ONNX_DTYPES.get(a["value"].data_type) if "value" in a else ("f32" if arr.dtype.kind == "f" else "i64")
     if dt is not None:
         ctx.types[n.output[0]] = (dt, tuple(arr.shape))
 

@@ -81,7 +81,6 @@ def _zeros_like_output(graph: Graph, node: Node, n_out: int,
     return nodes + [Node(node.name, "Expand", [zero, shape])], (zero, shape)
 
 
-_UNARY_INFER = {"_float_unary", "_numeric_unary", "_same"}
 _BINARY = {"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow"}
 
 
@@ -93,7 +92,7 @@ def _propagate(graph: Graph, expanded: dict[str, tuple[str, str]], types: dict, 
     output element is the same operation on the same operands). `types` are the graph's types before
     the MatMuls became Expand (an Expand's dims come from a run-time tensor, so re-inference would
     forget that they are the MatMul's)."""
-    from rlx_format.ops import OPS, TensorType
+    from rlx_format.ops import UNARY_ELEMENTWISE, TensorType
     from rlx_runtime.passes.evaluate import KNOWN, binding_times
 
     bt = binding_times(graph)
@@ -115,7 +114,7 @@ def _propagate(graph: Graph, expanded: dict[str, tuple[str, str]], types: dict, 
             continue
         new: list[Node] | None = None
         t = types[n.name]
-        if len(n.inputs) == 1 and OPS[n.op].infer.__name__ in _UNARY_INFER | {"_cast"}:
+        if len(n.inputs) == 1 and n.op in UNARY_ELEMENTWISE:
             k, s = expanded[n.inputs[0]]
             new = _on_row(n, n.op, [k], dict(n.attrs), s, expanded, taken)
             types[new[0].name] = TensorType(t.dtype, type_of(k).shape)

@@ -8,22 +8,25 @@ import numpy as np
 
 from ..dtypes import DTYPES
 from ..errors import GraphError, brief
-
-from .core import INT64_MAX, INT64_MIN, REQUIRED, Attr, OpSpec, _float_unary, _numeric_unary, _same
-from .infer_control import _if, _item, _loop, _scan
-from .infer_integer import _conv_integer, _matmul_integer
-from .infer_rnn import OPTIONAL as RNN_OPTIONAL
-from .infer_rnn import _recurrent
-from .infer_elementwise import _argreduce, _arith, _axis_same, _cast, _clip, _compare, _logic, _not, _reduce, _where
-from .infer_nn import (
-    QUANT_BLOCKS, _batchnorm, _conv, _conv_transpose, _dequant_gather, _dequant_matmul, _dequantize,
-    _global_pool, _groupnorm, _matmul, _norm_last, _pool, _random, _sdpa,
+from .core import INT64_MAX, INT64_MIN, REQUIRED, Attr, OpSpec, infer_float_unary, infer_numeric_unary, infer_same
+from .infer_control import infer_if, infer_item, infer_loop, infer_scan
+from .infer_elementwise import (
+    infer_argreduce, infer_arith, infer_axis_same, infer_cast, infer_clip, infer_compare, infer_logic, infer_not,
+    infer_reduce, infer_where,
 )
+from .infer_integer import infer_conv_integer, infer_matmul_integer
+from .infer_nn import (
+    QUANT_BLOCKS, infer_batchnorm, infer_conv, infer_conv_transpose, infer_dequant_gather, infer_dequant_matmul,
+    infer_dequantize, infer_global_pool, infer_groupnorm, infer_matmul, infer_norm_last, infer_pool, infer_random,
+    infer_sdpa,
+)
+from .infer_rnn import OPTIONAL as RNN_OPTIONAL
+from .infer_rnn import infer_recurrent
 from .infer_shape import (
-    _concat, _constant_of_shape, _depth_to_space, _einsum, _expand, _flatten, _gather, _gather_elements, _gather_nd,
-    _pad,
-    _range, _reshape, _resize, _scatter_elements, _scatter_nd, _shape, _slice, _squeeze, _tile, _topk,
-    _transpose, _trilu, _unsqueeze,
+    infer_concat, infer_constant_of_shape, infer_depth_to_space, infer_einsum, infer_expand, infer_flatten,
+    infer_gather, infer_gather_elements, infer_gather_nd, infer_pad, infer_range, infer_reshape, infer_resize,
+    infer_scatter_elements, infer_scatter_nd, infer_shape_of, infer_slice, infer_squeeze, infer_tile, infer_topk,
+    infer_transpose, infer_trilu, infer_unsqueeze,
 )
 
 # ---------------------------------------------------------------------------- the table
@@ -40,93 +43,98 @@ _FLOAT_UNARY = ["Exp", "Log", "Sqrt", "Rsqrt", "Reciprocal", "Sin", "Cos", "Tan"
                 "Silu", "Softplus", "Softsign", "Erf", "Floor", "Ceil", "Round", "Asin", "Acos", "Atan", "Sinh",
                 "Cosh", "Asinh", "Acosh", "Atanh"]
 for _n in _FLOAT_UNARY:
-    _reg(_n, 1, _float_unary)
+    _reg(_n, 1, infer_float_unary)
 for _n in ["Neg", "Abs", "Relu", "Sign"]:
-    _reg(_n, 1, _numeric_unary)
-_reg("Identity", 1, _same)
-_reg("LeakyRelu", 1, _float_unary, {"alpha": Attr("float", 0.01)})
-_reg("Elu", 1, _float_unary, {"alpha": Attr("float", 1.0)})
-_reg("Selu", 1, _float_unary, {"alpha": Attr("float", 1.6732632423543772),
+    _reg(_n, 1, infer_numeric_unary)
+_reg("Identity", 1, infer_same)
+_reg("LeakyRelu", 1, infer_float_unary, {"alpha": Attr("float", 0.01)})
+_reg("Elu", 1, infer_float_unary, {"alpha": Attr("float", 1.0)})
+_reg("Selu", 1, infer_float_unary, {"alpha": Attr("float", 1.6732632423543772),
                                "gamma": Attr("float", 1.0507009873554805)})
-_reg("Gelu", 1, _float_unary, {"approximate": Attr("str", "none", ("none", "tanh"))})
-_reg("Clip", (1, 3), _clip, {"min": Attr("float", None, nonfinite=True), "max": Attr("float", None, nonfinite=True)})
-_reg("Cast", 1, _cast, {"to": Attr("dtype")})
-_reg("Not", 1, _not)
+_reg("Gelu", 1, infer_float_unary, {"approximate": Attr("str", "none", ("none", "tanh"))})
+_reg("Clip", (1, 3), infer_clip, {"min": Attr("float", None, nonfinite=True),
+                                  "max": Attr("float", None, nonfinite=True)})
+_reg("Cast", 1, infer_cast, {"to": Attr("dtype")})
+_reg("Not", 1, infer_not)
 for _n in ["Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"]:
-    _reg(_n, 2, _arith)
-_reg("Mod", 2, _arith, {"fmod": Attr("int", 0, (0, 1))})
+    _reg(_n, 2, infer_arith)
+_reg("Mod", 2, infer_arith, {"fmod": Attr("int", 0, (0, 1))})
 for _n in ["Equal", "Less", "LessEqual", "Greater", "GreaterEqual"]:
-    _reg(_n, 2, _compare)
+    _reg(_n, 2, infer_compare)
 for _n in ["And", "Or"]:
-    _reg(_n, 2, _logic)
-_reg("Where", 3, _where)
+    _reg(_n, 2, infer_logic)
+_reg("Where", 3, infer_where)
 for _n in ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd"]:
-    _reg(_n, 1, _reduce, {"axes": Attr("ints", None), "keepdims": Attr("int", 1, (0, 1))})
+    _reg(_n, 1, infer_reduce, {"axes": Attr("ints", None), "keepdims": Attr("int", 1, (0, 1))})
 for _n in ["ArgMax", "ArgMin"]:
-    _reg(_n, 1, _argreduce, {"axis": Attr("int", 0), "keepdims": Attr("int", 1, (0, 1)),
+    _reg(_n, 1, infer_argreduce, {"axis": Attr("int", 0), "keepdims": Attr("int", 1, (0, 1)),
                              "select_last_index": Attr("int", 0, (0, 1))})
 for _n in ["Softmax", "LogSoftmax"]:
-    _reg(_n, 1, _axis_same, {"axis": Attr("int", -1)})
-_reg("CumSum", 1, _axis_same, {"axis": Attr("int", 0), "exclusive": Attr("int", 0, (0, 1)),
+    _reg(_n, 1, infer_axis_same, {"axis": Attr("int", -1)})
+_reg("CumSum", 1, infer_axis_same, {"axis": Attr("int", 0), "exclusive": Attr("int", 0, (0, 1)),
                                "reverse": Attr("int", 0, (0, 1))})
-_reg("Reshape", (1, 2), _reshape, {"shape": Attr("ints", None, lo=-1), "allowzero": Attr("int", 0, (0, 1))})
-_reg("Transpose", 1, _transpose, {"perm": Attr("ints", None)})
-_reg("Concat", (1, 1 << 16), _concat, {"axis": Attr("int")})
-_reg("Slice", (1, 3), _slice, {"starts": Attr("ints", None), "ends": Attr("ints", None), "axes": Attr("ints", None),
+_reg("Reshape", (1, 2), infer_reshape, {"shape": Attr("ints", None, lo=-1), "allowzero": Attr("int", 0, (0, 1))})
+_reg("Transpose", 1, infer_transpose, {"perm": Attr("ints", None)})
+_reg("Concat", (1, 1 << 16), infer_concat, {"axis": Attr("int")})
+_reg("Slice", (1, 3), infer_slice, {"starts": Attr("ints", None), "ends": Attr("ints", None),
+                                    "axes": Attr("ints", None),
                           "steps": Attr("ints", None)})
-_reg("Gather", 2, _gather, {"axis": Attr("int", 0)})
-_reg("Expand", (1, 2), _expand, {"shape": Attr("ints", None, lo=0)})
-_reg("Tile", (1, 2), _tile, {"repeats": Attr("ints", None, lo=0)})
-_reg("Squeeze", 1, _squeeze, {"axes": Attr("ints", None)})
-_reg("Unsqueeze", 1, _unsqueeze, {"axes": Attr("ints")})
-_reg("Flatten", 1, _flatten, {"axis": Attr("int", 1)})
-_reg("Pad", (1, 2), _pad, {"pads": Attr("ints", None), "mode": Attr("str", "constant", ("constant", "reflect", "edge")),
+_reg("Gather", 2, infer_gather, {"axis": Attr("int", 0)})
+_reg("Expand", (1, 2), infer_expand, {"shape": Attr("ints", None, lo=0)})
+_reg("Tile", (1, 2), infer_tile, {"repeats": Attr("ints", None, lo=0)})
+_reg("Squeeze", 1, infer_squeeze, {"axes": Attr("ints", None)})
+_reg("Unsqueeze", 1, infer_unsqueeze, {"axes": Attr("ints")})
+_reg("Flatten", 1, infer_flatten, {"axis": Attr("int", 1)})
+_reg("Pad", (1, 2), infer_pad, {"pads": Attr("ints", None),
+                                "mode": Attr("str", "constant", ("constant", "reflect", "edge")),
                       "value": Attr("float", 0.0, nonfinite=True)})
-_reg("Shape", 1, _shape)
-_reg("Range", 3, _range)
-_reg("ConstantOfShape", (0, 1), _constant_of_shape, {"shape": Attr("ints", None, lo=0),
+_reg("Shape", 1, infer_shape_of)
+_reg("Range", 3, infer_range)
+_reg("ConstantOfShape", (0, 1), infer_constant_of_shape, {"shape": Attr("ints", None, lo=0),
                                                      "value": Attr("float", 0.0, nonfinite=True),
                                                      "dtype": Attr("dtype", "f32")})
-_reg("DepthToSpace", 1, _depth_to_space, {"blocksize": Attr("int", lo=1), "mode": Attr("str", "DCR", ("DCR", "CRD"))})
-_reg("MatMul", 2, _matmul)
+_reg("DepthToSpace", 1, infer_depth_to_space, {"blocksize": Attr("int", lo=1),
+                                               "mode": Attr("str", "DCR", ("DCR", "CRD"))})
+_reg("MatMul", 2, infer_matmul)
 _CONV_ATTRS = {"strides": Attr("ints", None, lo=1), "pads": Attr("ints", None, lo=0),
                "dilations": Attr("ints", None, lo=1), "group": Attr("int", 1, lo=1)}
-_reg("Conv", (2, 3), _conv, dict(_CONV_ATTRS))
-_reg("ConvTranspose", (2, 3), _conv_transpose, {**_CONV_ATTRS, "output_padding": Attr("ints", None, lo=0)})
+_reg("Conv", (2, 3), infer_conv, dict(_CONV_ATTRS))
+_reg("ConvTranspose", (2, 3), infer_conv_transpose, {**_CONV_ATTRS, "output_padding": Attr("ints", None, lo=0)})
 _POOL_ATTRS = {"kernel_shape": Attr("ints", lo=1), "strides": Attr("ints", None, lo=1),
                "pads": Attr("ints", None, lo=0),
                "ceil_mode": Attr("int", 0, (0, 1))}
-_reg("MaxPool", 1, _pool, {**_POOL_ATTRS, "dilations": Attr("ints", None, lo=1)})
-_reg("AveragePool", 1, _pool, {**_POOL_ATTRS, "count_include_pad": Attr("int", 0, (0, 1))})
-_reg("GlobalAveragePool", 1, _global_pool)
-_reg("BatchNormalization", 5, _batchnorm, {"epsilon": Attr("float", 1e-5, lo=0.0)})
-_reg("LayerNorm", (2, 3), _norm_last, {"axis": Attr("int", -1), "epsilon": Attr("float", 1e-5, lo=0.0)})
-_reg("RMSNorm", 2, _norm_last, {"axis": Attr("int", -1), "epsilon": Attr("float", 1e-6, lo=0.0)})
-_reg("GroupNorm", 3, _groupnorm, {"num_groups": Attr("int", lo=1), "epsilon": Attr("float", 1e-5, lo=0.0)})
-_reg("ScaledDotProductAttention", (3, 4), _sdpa, {"causal": Attr("int", 0, (0, 1)), "scale": Attr("float", None)})
+_reg("MaxPool", 1, infer_pool, {**_POOL_ATTRS, "dilations": Attr("ints", None, lo=1)})
+_reg("AveragePool", 1, infer_pool, {**_POOL_ATTRS, "count_include_pad": Attr("int", 0, (0, 1))})
+_reg("GlobalAveragePool", 1, infer_global_pool)
+_reg("BatchNormalization", 5, infer_batchnorm, {"epsilon": Attr("float", 1e-5, lo=0.0)})
+_reg("LayerNorm", (2, 3), infer_norm_last, {"axis": Attr("int", -1), "epsilon": Attr("float", 1e-5, lo=0.0)})
+_reg("RMSNorm", 2, infer_norm_last, {"axis": Attr("int", -1), "epsilon": Attr("float", 1e-6, lo=0.0)})
+_reg("GroupNorm", 3, infer_groupnorm, {"num_groups": Attr("int", lo=1), "epsilon": Attr("float", 1e-5, lo=0.0)})
+_reg("ScaledDotProductAttention", (3, 4), infer_sdpa, {"causal": Attr("int", 0, (0, 1)), "scale": Attr("float", None)})
 _ENC = tuple(QUANT_BLOCKS)
-_reg("Dequantize", 1, _dequantize, {"encoding": Attr("str", REQUIRED, _ENC), "shape": Attr("ints", lo=0)})
-_reg("DequantMatMul", 2, _dequant_matmul, {"encoding": Attr("str", REQUIRED, _ENC), "N": Attr("int", lo=0),
+_reg("Dequantize", 1, infer_dequantize, {"encoding": Attr("str", REQUIRED, _ENC), "shape": Attr("ints", lo=0)})
+_reg("DequantMatMul", 2, infer_dequant_matmul, {"encoding": Attr("str", REQUIRED, _ENC), "N": Attr("int", lo=0),
                                            "K": Attr("int", lo=0)})
-_reg("DequantGather", 2, _dequant_gather, {"encoding": Attr("str", REQUIRED, _ENC), "N": Attr("int", lo=0),
+_reg("DequantGather", 2, infer_dequant_gather, {"encoding": Attr("str", REQUIRED, _ENC), "N": Attr("int", lo=0),
                                            "K": Attr("int", lo=0)})
-_reg("Einsum", (1, 8), _einsum, {"equation": Attr("str")})
+_reg("Einsum", (1, 8), infer_einsum, {"equation": Attr("str")})
 _REDUCTIONS = ("none", "add", "mul", "max", "min")
-_reg("ScatterND", 3, _scatter_nd, {"reduction": Attr("str", "none", _REDUCTIONS)})
-_reg("ScatterElements", 3, _scatter_elements, {"axis": Attr("int", 0), "reduction": Attr("str", "none", _REDUCTIONS)})
-_reg("TopK", 1, _topk, {"k": Attr("int", lo=0), "axis": Attr("int", -1), "largest": Attr("int", 1, (0, 1)),
+_reg("ScatterND", 3, infer_scatter_nd, {"reduction": Attr("str", "none", _REDUCTIONS)})
+_reg("ScatterElements", 3, infer_scatter_elements, {"axis": Attr("int", 0),
+                                                    "reduction": Attr("str", "none", _REDUCTIONS)})
+_reg("TopK", 1, infer_topk, {"k": Attr("int", lo=0), "axis": Attr("int", -1), "largest": Attr("int", 1, (0, 1)),
                         "output": Attr("str", "values", ("values", "indices"))})
-_reg("Trilu", 1, _trilu, {"upper": Attr("int", 1, (0, 1)), "k": Attr("int", 0)})
-_reg("GatherElements", 2, _gather_elements, {"axis": Attr("int", 0)})
-_reg("GatherND", 2, _gather_nd, {"batch_dims": Attr("int", 0, lo=0)})
-_reg("Resize", (1, 2), _resize, {
+_reg("Trilu", 1, infer_trilu, {"upper": Attr("int", 1, (0, 1)), "k": Attr("int", 0)})
+_reg("GatherElements", 2, infer_gather_elements, {"axis": Attr("int", 0)})
+_reg("GatherND", 2, infer_gather_nd, {"batch_dims": Attr("int", 0, lo=0)})
+_reg("Resize", (1, 2), infer_resize, {
     "scales": Attr("floats", None), "sizes": Attr("ints", None, lo=1),
     "mode": Attr("str", "nearest", ("nearest", "linear")),
     "coordinate_transformation_mode": Attr("str", "half_pixel",
                                            ("half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric")),
     "nearest_mode": Attr("str", "round_prefer_floor", ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil"))})
-_reg("MatMulInteger", (2, 4), _matmul_integer, {"optional": Attr("strs", [])})
-_reg("ConvInteger", (2, 4), _conv_integer, {**_CONV_ATTRS, "optional": Attr("strs", [])})
+_reg("MatMulInteger", (2, 4), infer_matmul_integer, {"optional": Attr("strs", [])})
+_reg("ConvInteger", (2, 4), infer_conv_integer, {**_CONV_ATTRS, "optional": Attr("strs", [])})
 for _op in ("LSTM", "GRU", "RNN"):
     _rnn_attrs = {"hidden_size": Attr("int", lo=1),
                   "direction": Attr("str", "forward", ("forward", "reverse", "bidirectional")),
@@ -137,27 +145,30 @@ for _op in ("LSTM", "GRU", "RNN"):
         _rnn_attrs["input_forget"] = Attr("int", 0, (0, 1))
     if _op == "GRU":
         _rnn_attrs["linear_before_reset"] = Attr("int", 0, (0, 1))
-    _reg(_op, (3, 3 + len(RNN_OPTIONAL[_op])), _recurrent, _rnn_attrs)
+    _reg(_op, (3, 3 + len(RNN_OPTIONAL[_op])), infer_recurrent, _rnn_attrs)
 _SEED = Attr("int", 0, lo=0)  # numpy's SeedSequence takes non-negative ints; int64 bounds the top
-_reg("RandomNormal", 0, _random, {"shape": Attr("ints", lo=0), "mean": Attr("float", 0.0),
+_reg("RandomNormal", 0, infer_random, {"shape": Attr("ints", lo=0), "mean": Attr("float", 0.0),
                                   "scale": Attr("float", 1.0), "seed": _SEED, "dtype": Attr("dtype", "f32")},
      kind="random")
-_reg("RandomUniform", 0, _random, {"shape": Attr("ints", lo=0), "low": Attr("float", 0.0),
+_reg("RandomUniform", 0, infer_random, {"shape": Attr("ints", lo=0), "low": Attr("float", 0.0),
                                    "high": Attr("float", 1.0), "seed": _SEED, "dtype": Attr("dtype", "f32")},
      kind="random")
 
 # control flow (infer_control.py): bodies are closed graphs; the last `num_captures` inputs feed their last inputs
-_reg("If", (1, 1 << 16), _if, {"then_branch": Attr("graph"), "else_branch": Attr("graph")}, kind="control")
-_reg("Loop", (0, 1 << 16), _loop, {"body": Attr("graph"), "optional": Attr("strs", []),
+_reg("If", (1, 1 << 16), infer_if, {"then_branch": Attr("graph"), "else_branch": Attr("graph")}, kind="control")
+_reg("Loop", (0, 1 << 16), infer_loop, {"body": Attr("graph"), "optional": Attr("strs", []),
                                    "num_captures": Attr("int", 0, lo=0)}, kind="control")
-_reg("Scan", (1, 1 << 16), _scan, {"body": Attr("graph"), "num_scan_inputs": Attr("int", lo=1),
+_reg("Scan", (1, 1 << 16), infer_scan, {"body": Attr("graph"), "num_scan_inputs": Attr("int", lo=1),
                                    "scan_input_axes": Attr("ints", None), "scan_input_directions": Attr("ints", None),
                                    "scan_output_axes": Attr("ints", None), "scan_output_directions": Attr("ints", None),
                                    "num_captures": Attr("int", 0, lo=0)}, kind="control")
-_reg("Item", 1, _item, {"index": Attr("int", lo=0)})
+_reg("Item", 1, infer_item, {"index": Attr("int", lo=0)})
 
 LEAF_OPS = ("Input", "Param", "Constant")
 RANDOM_OPS = frozenset(n for n, s in OPS.items() if s.kind == "random")
+# ops that map each element on its own (with one input): what passes may apply to a single broadcast row
+UNARY_ELEMENTWISE = frozenset(n for n, s in OPS.items()
+                              if s.infer in (infer_float_unary, infer_numeric_unary, infer_same, infer_cast))
 CONTROL_OPS = frozenset(n for n, s in OPS.items() if s.kind == "control")  # values are tuples; never folded
 
 

@@ -117,27 +117,27 @@ def broadcast_shapes(ctx: InferCtx, *shapes: Shape) -> Shape:
     return tuple(out)
 
 
-def _same(ctx: InferCtx) -> TensorType:
+def infer_same(ctx: InferCtx) -> TensorType:
     return ctx.inputs[0]
 
 
-def _require_float(ctx: InferCtx, i: int = 0) -> None:
+def require_float(ctx: InferCtx, i: int = 0) -> None:
     if ctx.inputs[i].dtype not in FLOAT_DTYPES:
         raise ctx.fail(f"input {i} has dtype {ctx.inputs[i].dtype}; expected a float dtype")
 
 
-def _float_unary(ctx: InferCtx) -> TensorType:
-    _require_float(ctx)
+def infer_float_unary(ctx: InferCtx) -> TensorType:
+    require_float(ctx)
     return ctx.inputs[0]
 
 
-def _numeric_unary(ctx: InferCtx) -> TensorType:
+def infer_numeric_unary(ctx: InferCtx) -> TensorType:
     if ctx.inputs[0].dtype == "bool":
         raise ctx.fail("input is bool; expected a numeric dtype")
     return ctx.inputs[0]
 
 
-def _same_dtypes(ctx: InferCtx, idx: tuple[int, ...]) -> str:
+def same_dtypes(ctx: InferCtx, idx: tuple[int, ...]) -> str:
     dts = {ctx.inputs[i].dtype for i in idx if i < len(ctx.inputs)}
     if len(dts) > 1:
         raise ctx.fail(f"inputs have dtypes {sorted(dts)}; expected one dtype (insert a Cast)")

@@ -109,7 +109,7 @@ def _carried(ctx: InferCtx, key: str, body, in_first: int, out_first: int, n: in
     return out
 
 
-def _if(ctx: InferCtx) -> TensorType:
+def infer_if(ctx: InferCtx) -> TensorType:
     cond, caps = ctx.inputs[0], ctx.inputs[1:]
     _one_value(ctx, cond, "the condition (input 0)", ("bool",))
     branches = []
@@ -136,7 +136,7 @@ def _if(ctx: InferCtx) -> TensorType:
     return TupleType(tuple(items))
 
 
-def _loop(ctx: InferCtx) -> TensorType:
+def infer_loop(ctx: InferCtx) -> TensorType:
     a = ctx.attrs
     opt = list(a["optional"])
     if len(set(opt)) != len(opt) or opt != [o for o in LOOP_OPTIONAL if o in opt]:
@@ -174,7 +174,7 @@ def _loop(ctx: InferCtx) -> TensorType:
     return TupleType(tuple(items))
 
 
-def _scan(ctx: InferCtx) -> TensorType:
+def infer_scan(ctx: InferCtx) -> TensorType:
     a = ctx.attrs
     m, n_caps = a["num_scan_inputs"], a["num_captures"]
     n = len(ctx.inputs) - m - n_caps
@@ -228,7 +228,7 @@ def _directions(ctx: InferCtx, key: str, count: int) -> None:
         raise ctx.fail(f"{key} = {d}; expected {count} entries, each 0 (forward) or 1 (reverse)")
 
 
-def _item(ctx: InferCtx) -> TensorType:
+def infer_item(ctx: InferCtx) -> TensorType:
     t = ctx.inputs[0]
     if not isinstance(t, TupleType):
         raise ctx.fail(f"input is {t.dtype}{list(t.shape)}; Item reads one result of an If, Loop or Scan node")

@@ -2,44 +2,44 @@
 
 from __future__ import annotations
 
-from .core import InferCtx, TensorType, _float_unary, _numeric_unary, _same_dtypes, broadcast_shapes
+from .core import InferCtx, TensorType, infer_float_unary, infer_numeric_unary, same_dtypes, broadcast_shapes
 
-def _arith(ctx: InferCtx) -> TensorType:
-    dt = _same_dtypes(ctx, (0, 1))
+def infer_arith(ctx: InferCtx) -> TensorType:
+    dt = same_dtypes(ctx, (0, 1))
     if dt == "bool":
         raise ctx.fail("arithmetic on bool; expected a numeric dtype (Cast first)")
     return TensorType(dt, broadcast_shapes(ctx, ctx.inputs[0].shape, ctx.inputs[1].shape))
 
 
-def _compare(ctx: InferCtx) -> TensorType:
-    _same_dtypes(ctx, (0, 1))
+def infer_compare(ctx: InferCtx) -> TensorType:
+    same_dtypes(ctx, (0, 1))
     return TensorType("bool", broadcast_shapes(ctx, ctx.inputs[0].shape, ctx.inputs[1].shape))
 
 
-def _logic(ctx: InferCtx) -> TensorType:
+def infer_logic(ctx: InferCtx) -> TensorType:
     for i, t in enumerate(ctx.inputs):
         if t.dtype != "bool":
             raise ctx.fail(f"input {i} has dtype {t.dtype}; expected bool")
     return TensorType("bool", broadcast_shapes(ctx, *(t.shape for t in ctx.inputs)))
 
 
-def _not(ctx: InferCtx) -> TensorType:
-    return _logic(ctx)
+def infer_not(ctx: InferCtx) -> TensorType:
+    return infer_logic(ctx)
 
 
-def _where(ctx: InferCtx) -> TensorType:
+def infer_where(ctx: InferCtx) -> TensorType:
     if ctx.inputs[0].dtype != "bool":
         raise ctx.fail(f"condition has dtype {ctx.inputs[0].dtype}; expected bool")
-    dt = _same_dtypes(ctx, (1, 2))
+    dt = same_dtypes(ctx, (1, 2))
     return TensorType(dt, broadcast_shapes(ctx, *(t.shape for t in ctx.inputs)))
 
 
-def _cast(ctx: InferCtx) -> TensorType:
+def infer_cast(ctx: InferCtx) -> TensorType:
     return TensorType(ctx.attrs["to"], ctx.inputs[0].shape)
 
 
-def _clip(ctx: InferCtx) -> TensorType:
-    _numeric_unary(ctx)
+def infer_clip(ctx: InferCtx) -> TensorType:
+    infer_numeric_unary(ctx)
     for i in range(1, len(ctx.inputs)):
         if ctx.inputs[i].rank != 0:
             raise ctx.fail(f"clip bound input {i} has shape {list(ctx.inputs[i].shape)}; expected a scalar")
@@ -56,7 +56,7 @@ def _reduce_axes(ctx: InferCtx, rank: int) -> list[int]:
     return norm
 
 
-def _reduce(ctx: InferCtx) -> TensorType:
+def infer_reduce(ctx: InferCtx) -> TensorType:
     x = ctx.inputs[0]
     if x.dtype == "bool":
         raise ctx.fail("reduction of bool; expected a numeric dtype")
@@ -66,7 +66,7 @@ def _reduce(ctx: InferCtx) -> TensorType:
     return TensorType(x.dtype, tuple(d for d in shape if d is not None))
 
 
-def _argreduce(ctx: InferCtx) -> TensorType:
+def infer_argreduce(ctx: InferCtx) -> TensorType:
     x = ctx.inputs[0]
     ax = ctx.axis(ctx.attrs["axis"], x.rank)
     keep = ctx.attrs["keepdims"]
@@ -75,6 +75,6 @@ def _argreduce(ctx: InferCtx) -> TensorType:
     return TensorType("i64", shape)
 
 
-def _axis_same(ctx: InferCtx) -> TensorType:
+def infer_axis_same(ctx: InferCtx) -> TensorType:
     ctx.axis(ctx.attrs["axis"], ctx.inputs[0].rank)
-    return _float_unary(ctx) if ctx.op in ("Softmax", "LogSoftmax") else _numeric_unary(ctx)
+    return infer_float_unary(ctx) if ctx.op in ("Softmax", "LogSoftmax") else infer_numeric_unary(ctx)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .core import InferCtx, TensorType
-from .infer_nn import _conv, matmul_shape
+from .infer_nn import infer_conv, matmul_shape
 
 _INT8 = ("u8", "i8")
 OPTIONAL = {"MatMulInteger": ("a_zero_point", "b_zero_point"), "ConvInteger": ("x_zero_point", "w_zero_point")}
@@ -27,13 +27,13 @@ def _check_operands(ctx: InferCtx) -> None:
             raise ctx.fail(f"{name} has rank {t.rank}; expected a scalar or a vector (per row / column / channel)")
 
 
-def _matmul_integer(ctx: InferCtx) -> TensorType:
+def infer_matmul_integer(ctx: InferCtx) -> TensorType:
     _check_operands(ctx)
     return TensorType("i32", matmul_shape(ctx, ctx.inputs[0].shape, ctx.inputs[1].shape))
 
 
-def _conv_integer(ctx: InferCtx) -> TensorType:
+def infer_conv_integer(ctx: InferCtx) -> TensorType:
     _check_operands(ctx)
     # the Conv rules, on float stand-ins of the two 8-bit operands and without a bias operand
-    t = _conv(replace(ctx, inputs=[TensorType("f32", i.shape) for i in ctx.inputs[:2]]))
+    t = infer_conv(replace(ctx, inputs=[TensorType("f32", i.shape) for i in ctx.inputs[:2]]))
     return TensorType("i32", t.shape)

@@ -7,7 +7,7 @@ import math
 from ..constants import QUANT_ENCODINGS
 from ..dtypes import FLOAT_DTYPES
 from .core import (
-    Dim, InferCtx, Shape, TensorType, _require_float, _same_dtypes, broadcast_shapes, dims_equal_or_symbolic,
+    Dim, InferCtx, Shape, TensorType, require_float, same_dtypes, broadcast_shapes, dims_equal_or_symbolic,
 )
 
 def matmul_shape(ctx: InferCtx, a: Shape, b: Shape) -> Shape:
@@ -26,8 +26,8 @@ def matmul_shape(ctx: InferCtx, a: Shape, b: Shape) -> Shape:
     return out
 
 
-def _matmul(ctx: InferCtx) -> TensorType:
-    dt = _same_dtypes(ctx, (0, 1))
+def infer_matmul(ctx: InferCtx) -> TensorType:
+    dt = same_dtypes(ctx, (0, 1))
     if dt == "bool":
         raise ctx.fail("MatMul of bool")
     return TensorType(dt, matmul_shape(ctx, ctx.inputs[0].shape, ctx.inputs[1].shape))
@@ -67,8 +67,8 @@ def _pool_out(ctx, d, k, s, dl, pb, pe, ceil_mode=False) -> Dim:
 def _conv_operands(ctx: InferCtx):
     """Checks shared by Conv and ConvTranspose: (x, w, spatial rank, group, strides, dilations, pads)."""
     x, w = ctx.inputs[:2]
-    _require_float(ctx)
-    _same_dtypes(ctx, tuple(range(len(ctx.inputs))))
+    require_float(ctx)
+    same_dtypes(ctx, tuple(range(len(ctx.inputs))))
     if x.rank not in (3, 4, 5) or w.rank != x.rank:
         raise ctx.fail(f"input rank {x.rank}, weight rank {w.rank}; expected both 3, 4 or 5 (1-D/2-D/3-D)")
     nsp = x.rank - 2
@@ -77,7 +77,7 @@ def _conv_operands(ctx: InferCtx):
     return (x, w, nsp, ctx.attrs["group"], *_spatial_attrs(ctx, nsp, w.shape[2:]))
 
 
-def _conv(ctx: InferCtx) -> TensorType:
+def infer_conv(ctx: InferCtx) -> TensorType:
     x, w, nsp, g, strides, dil, pads = _conv_operands(ctx)
     if isinstance(x.shape[1], int) and isinstance(w.shape[1], int) and x.shape[1] != w.shape[1] * g:
         raise ctx.fail(f"input channels {x.shape[1]} != weight in-channels {w.shape[1]} x group {g}")
@@ -90,7 +90,7 @@ def _conv(ctx: InferCtx) -> TensorType:
     return TensorType(x.dtype, (x.shape[0], w.shape[0], *sp))
 
 
-def _conv_transpose(ctx: InferCtx) -> TensorType:
+def infer_conv_transpose(ctx: InferCtx) -> TensorType:
     x, w, nsp, g, strides, dil, pads = _conv_operands(ctx)
     op = ctx.attrs.get("output_padding") or [0] * nsp
     if len(op) != nsp:
@@ -110,9 +110,9 @@ def _conv_transpose(ctx: InferCtx) -> TensorType:
     return TensorType(x.dtype, (x.shape[0], cout, *sp))
 
 
-def _pool(ctx: InferCtx) -> TensorType:
+def infer_pool(ctx: InferCtx) -> TensorType:
     x = ctx.inputs[0]
-    _require_float(ctx)
+    require_float(ctx)
     if x.rank not in (3, 4, 5):
         raise ctx.fail(f"input rank {x.rank}; expected 3, 4 or 5")
     nsp = x.rank - 2
@@ -125,9 +125,9 @@ def _pool(ctx: InferCtx) -> TensorType:
     return TensorType(x.dtype, (x.shape[0], x.shape[1], *sp))
 
 
-def _global_pool(ctx: InferCtx) -> TensorType:
+def infer_global_pool(ctx: InferCtx) -> TensorType:
     x = ctx.inputs[0]
-    _require_float(ctx)
+    require_float(ctx)
     if x.rank < 3:
         raise ctx.fail(f"input rank {x.rank}; expected >= 3")
     return TensorType(x.dtype, x.shape[:2] + (1,) * (x.rank - 2))
@@ -140,20 +140,20 @@ def _channel_params(ctx: InferCtx, first: int, c: Dim) -> None:
             raise ctx.fail(f"input {i} has shape {list(t.shape)}; expected [{c}]")
 
 
-def _batchnorm(ctx: InferCtx) -> TensorType:
+def infer_batchnorm(ctx: InferCtx) -> TensorType:
     x = ctx.inputs[0]
-    _require_float(ctx)
-    _same_dtypes(ctx, tuple(range(5)))
+    require_float(ctx)
+    same_dtypes(ctx, tuple(range(5)))
     if x.rank < 2:
         raise ctx.fail(f"input rank {x.rank}; expected >= 2 (N, C, ...)")
     _channel_params(ctx, 1, x.shape[1])
     return x
 
 
-def _norm_last(ctx: InferCtx) -> TensorType:
+def infer_norm_last(ctx: InferCtx) -> TensorType:
     x = ctx.inputs[0]
-    _require_float(ctx)
-    _same_dtypes(ctx, tuple(range(len(ctx.inputs))))
+    require_float(ctx)
+    same_dtypes(ctx, tuple(range(len(ctx.inputs))))
     ax = ctx.axis(ctx.attrs["axis"], x.rank)
     norm_shape = x.shape[ax:]
     for i in range(1, len(ctx.inputs)):
@@ -164,9 +164,9 @@ def _norm_last(ctx: InferCtx) -> TensorType:
     return x
 
 
-def _groupnorm(ctx: InferCtx) -> TensorType:
+def infer_groupnorm(ctx: InferCtx) -> TensorType:
     x = ctx.inputs[0]
-    _require_float(ctx)
+    require_float(ctx)
     g = ctx.attrs["num_groups"]
     if x.rank < 2:
         raise ctx.fail(f"input rank {x.rank}; expected >= 2")
@@ -176,10 +176,10 @@ def _groupnorm(ctx: InferCtx) -> TensorType:
     return x
 
 
-def _sdpa(ctx: InferCtx) -> TensorType:
+def infer_sdpa(ctx: InferCtx) -> TensorType:
     q, k, v = ctx.inputs[:3]
-    _require_float(ctx)
-    _same_dtypes(ctx, (0, 1, 2))
+    require_float(ctx)
+    same_dtypes(ctx, (0, 1, 2))
     if q.rank < 2 or k.rank != q.rank or v.rank != q.rank:
         raise ctx.fail("q, k, v must share a rank >= 2 ([..., seq, dim])")
     if not dims_equal_or_symbolic(q.shape[-1], k.shape[-1]):
@@ -198,7 +198,7 @@ def _sdpa(ctx: InferCtx) -> TensorType:
 QUANT_BLOCKS = QUANT_ENCODINGS  # encoding -> (block elems, block bytes), from the codec registry
 
 
-def _dequantize(ctx: InferCtx) -> TensorType:
+def infer_dequantize(ctx: InferCtx) -> TensorType:
     p = ctx.inputs[0]
     enc, shape = ctx.attrs["encoding"], ctx.attrs["shape"]
     qk, bs = QUANT_BLOCKS[enc]
@@ -212,7 +212,7 @@ def _dequantize(ctx: InferCtx) -> TensorType:
     return TensorType("f32", tuple(shape))
 
 
-def _dequant_matmul(ctx: InferCtx) -> TensorType:
+def infer_dequant_matmul(ctx: InferCtx) -> TensorType:
     x, p = ctx.inputs
     enc, n, k = ctx.attrs["encoding"], ctx.attrs["N"], ctx.attrs["K"]
     qk, bs = QUANT_BLOCKS[enc]
@@ -227,7 +227,7 @@ def _dequant_matmul(ctx: InferCtx) -> TensorType:
     return TensorType("f32", x.shape[:-1] + (n,))
 
 
-def _dequant_gather(ctx: InferCtx) -> TensorType:
+def infer_dequant_gather(ctx: InferCtx) -> TensorType:
     p, idx = ctx.inputs
     enc, n, k = ctx.attrs["encoding"], ctx.attrs["N"], ctx.attrs["K"]
     qk, bs = QUANT_BLOCKS[enc]
@@ -240,7 +240,7 @@ def _dequant_gather(ctx: InferCtx) -> TensorType:
     return TensorType("f32", idx.shape + (k,))
 
 
-def _random(ctx: InferCtx) -> TensorType:
+def infer_random(ctx: InferCtx) -> TensorType:
     if ctx.attrs["dtype"] not in FLOAT_DTYPES:
         raise ctx.fail(f"dtype {ctx.attrs['dtype']}; expected a float dtype")
     if ctx.op == "RandomUniform" and not math.isfinite(ctx.attrs["high"] - ctx.attrs["low"]):

@@ -23,7 +23,7 @@ def _dims_match(a, b) -> bool:
     return not (isinstance(a, int) and isinstance(b, int)) or a == b
 
 
-def _recurrent(ctx: InferCtx) -> TensorType:
+def infer_recurrent(ctx: InferCtx) -> TensorType:
     op, a = ctx.op, ctx.attrs
     x, w, r = ctx.inputs[:3]
     opt = list(a["optional"])

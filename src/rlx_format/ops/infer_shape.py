@@ -8,7 +8,7 @@ import numpy as np
 
 from ..constants import MAX_DIM
 from ..dtypes import INT_DTYPES
-from .core import Dim, InferCtx, TensorType, _require_float, _same_dtypes, broadcast_shapes, dims_equal_or_symbolic
+from .core import Dim, InferCtx, TensorType, require_float, same_dtypes, broadcast_shapes, dims_equal_or_symbolic
 
 def _static_ints(ctx: InferCtx, i: int, what: str) -> list[int] | None:
     v = ctx.const(i)
@@ -38,7 +38,7 @@ def _shape_arg(ctx: InferCtx, attr: str, idx: int) -> list[int] | None | int:
     return t.shape[0]
 
 
-def _reshape(ctx: InferCtx) -> TensorType:
+def infer_reshape(ctx: InferCtx) -> TensorType:
     x = ctx.inputs[0]
     target = _shape_arg(ctx, "shape", 1)
     if isinstance(target, int):
@@ -86,7 +86,7 @@ def _reshape(ctx: InferCtx) -> TensorType:
     return TensorType(x.dtype, tuple(out))
 
 
-def _transpose(ctx: InferCtx) -> TensorType:
+def infer_transpose(ctx: InferCtx) -> TensorType:
     x = ctx.inputs[0]
     perm = ctx.attrs["perm"]
     perm = list(range(x.rank))[::-1] if perm is None else perm
@@ -95,8 +95,8 @@ def _transpose(ctx: InferCtx) -> TensorType:
     return TensorType(x.dtype, tuple(x.shape[p] for p in perm))
 
 
-def _concat(ctx: InferCtx) -> TensorType:
-    dt = _same_dtypes(ctx, tuple(range(len(ctx.inputs))))
+def infer_concat(ctx: InferCtx) -> TensorType:
+    dt = same_dtypes(ctx, tuple(range(len(ctx.inputs))))
     r = ctx.inputs[0].rank
     ax = ctx.axis(ctx.attrs["axis"], r)
     total: Dim = 0
@@ -130,7 +130,7 @@ def slice_dim(d: int, start: int, end: int, step: int) -> int:
     return max(0, -(-(e - b) // step))
 
 
-def _slice(ctx: InferCtx) -> TensorType:
+def infer_slice(ctx: InferCtx) -> TensorType:
     x = ctx.inputs[0]
     starts, ends = _shape_arg(ctx, "starts", 1), _shape_arg(ctx, "ends", 2)
     if isinstance(starts, int) or isinstance(ends, int):  # run-time starts/ends: only their lengths are known
@@ -164,7 +164,7 @@ def _slice(ctx: InferCtx) -> TensorType:
     return TensorType(x.dtype, tuple(shape))
 
 
-def _gather(ctx: InferCtx) -> TensorType:
+def infer_gather(ctx: InferCtx) -> TensorType:
     x, idx = ctx.inputs
     if idx.dtype not in ("i64", "i32"):
         raise ctx.fail(f"indices have dtype {idx.dtype}; expected i64 or i32")
@@ -172,7 +172,7 @@ def _gather(ctx: InferCtx) -> TensorType:
     return TensorType(x.dtype, x.shape[:ax] + idx.shape + x.shape[ax + 1 :])
 
 
-def _expand(ctx: InferCtx) -> TensorType:
+def infer_expand(ctx: InferCtx) -> TensorType:
     x = ctx.inputs[0]
     target = _shape_arg(ctx, "shape", 1)
     if isinstance(target, int):
@@ -180,7 +180,7 @@ def _expand(ctx: InferCtx) -> TensorType:
     return TensorType(x.dtype, broadcast_shapes(ctx, x.shape, tuple(target)))
 
 
-def _tile(ctx: InferCtx) -> TensorType:
+def infer_tile(ctx: InferCtx) -> TensorType:
     x = ctx.inputs[0]
     reps = _shape_arg(ctx, "repeats", 1)
     if isinstance(reps, int):  # a dynamic repeats input: only its length is known
@@ -195,7 +195,7 @@ def _tile(ctx: InferCtx) -> TensorType:
                                      for d, r in zip(x.shape, reps)))
 
 
-def _squeeze(ctx: InferCtx) -> TensorType:
+def infer_squeeze(ctx: InferCtx) -> TensorType:
     x = ctx.inputs[0]
     axes = ctx.attrs["axes"]
     if axes is None:
@@ -209,7 +209,7 @@ def _squeeze(ctx: InferCtx) -> TensorType:
     return TensorType(x.dtype, tuple(d for i, d in enumerate(x.shape) if i not in norm))
 
 
-def _unsqueeze(ctx: InferCtx) -> TensorType:
+def infer_unsqueeze(ctx: InferCtx) -> TensorType:
     x = ctx.inputs[0]
     r = x.rank + len(ctx.attrs["axes"])
     norm = sorted(ctx.axis(a, r) for a in ctx.attrs["axes"])
@@ -227,7 +227,7 @@ def _prod(dims: tuple, ctx: InferCtx) -> Dim:
     return ctx.fresh()
 
 
-def _flatten(ctx: InferCtx) -> TensorType:
+def infer_flatten(ctx: InferCtx) -> TensorType:
     x = ctx.inputs[0]
     ax = ctx.attrs["axis"]
     if not -x.rank <= ax <= x.rank:
@@ -236,7 +236,7 @@ def _flatten(ctx: InferCtx) -> TensorType:
     return TensorType(x.dtype, (_prod(x.shape[:ax], ctx), _prod(x.shape[ax:], ctx)))
 
 
-def _pad(ctx: InferCtx) -> TensorType:
+def infer_pad(ctx: InferCtx) -> TensorType:
     x = ctx.inputs[0]
     pads = _shape_arg(ctx, "pads", 1)
     n = pads if isinstance(pads, int) else len(pads)
@@ -253,12 +253,12 @@ def _pad(ctx: InferCtx) -> TensorType:
     return TensorType(x.dtype, tuple(shape))
 
 
-def _shape(ctx: InferCtx) -> TensorType:
+def infer_shape_of(ctx: InferCtx) -> TensorType:
     return TensorType("i64", (ctx.inputs[0].rank,))
 
 
-def _range(ctx: InferCtx) -> TensorType:
-    dt = _same_dtypes(ctx, (0, 1, 2))
+def infer_range(ctx: InferCtx) -> TensorType:
+    dt = same_dtypes(ctx, (0, 1, 2))
     for i, t in enumerate(ctx.inputs):
         if t.rank != 0:
             raise ctx.fail(f"input {i} has shape {list(t.shape)}; expected a scalar")
@@ -293,7 +293,7 @@ def range_length(start, limit, delta) -> int:
     return max(math.ceil(n), 0)
 
 
-def _constant_of_shape(ctx: InferCtx) -> TensorType:
+def infer_constant_of_shape(ctx: InferCtx) -> TensorType:
     target = _shape_arg(ctx, "shape", 0)
     dt = ctx.attrs["dtype"]
     if isinstance(target, int):
@@ -303,7 +303,7 @@ def _constant_of_shape(ctx: InferCtx) -> TensorType:
     return TensorType(dt, tuple(target))
 
 
-def _depth_to_space(ctx: InferCtx) -> TensorType:
+def infer_depth_to_space(ctx: InferCtx) -> TensorType:
     x = ctx.inputs[0]
     b = ctx.attrs["blocksize"]
     if x.rank != 4:
@@ -350,13 +350,13 @@ def parse_einsum(eq: str, ranks: list[int]) -> tuple[list[str], str]:
     return out_terms, out
 
 
-def _trilu(ctx: InferCtx) -> TensorType:
+def infer_trilu(ctx: InferCtx) -> TensorType:
     if ctx.inputs[0].rank < 2:
         raise ctx.fail(f"input rank {ctx.inputs[0].rank}; expected >= 2 (the last two dims form matrices)")
     return ctx.inputs[0]
 
 
-def _gather_elements(ctx: InferCtx) -> TensorType:
+def infer_gather_elements(ctx: InferCtx) -> TensorType:
     x, idx = ctx.inputs
     if idx.dtype not in ("i64", "i32"):
         raise ctx.fail(f"indices have dtype {idx.dtype}; expected i64 or i32")
@@ -366,7 +366,7 @@ def _gather_elements(ctx: InferCtx) -> TensorType:
     return TensorType(x.dtype, idx.shape)
 
 
-def _gather_nd(ctx: InferCtx) -> TensorType:
+def infer_gather_nd(ctx: InferCtx) -> TensorType:
     x, idx = ctx.inputs
     b = ctx.attrs["batch_dims"]
     if idx.dtype not in ("i64", "i32"):
@@ -388,7 +388,7 @@ def _index_fits(ctx: InferCtx, idx: TensorType, x: TensorType, ax: int) -> None:
                            "expected indices dims <= data dims off the gather axis")
 
 
-def _scatter_nd(ctx: InferCtx) -> TensorType:
+def infer_scatter_nd(ctx: InferCtx) -> TensorType:
     x, idx, upd = ctx.inputs
     if idx.dtype not in ("i64", "i32"):
         raise ctx.fail(f"indices have dtype {idx.dtype}; expected i64 or i32")
@@ -402,7 +402,7 @@ def _scatter_nd(ctx: InferCtx) -> TensorType:
     return x
 
 
-def _scatter_elements(ctx: InferCtx) -> TensorType:
+def infer_scatter_elements(ctx: InferCtx) -> TensorType:
     x, idx, upd = ctx.inputs
     if idx.dtype not in ("i64", "i32"):
         raise ctx.fail(f"indices have dtype {idx.dtype}; expected i64 or i32")
@@ -414,7 +414,7 @@ def _scatter_elements(ctx: InferCtx) -> TensorType:
     return x
 
 
-def _topk(ctx: InferCtx) -> TensorType:
+def infer_topk(ctx: InferCtx) -> TensorType:
     x = ctx.inputs[0]
     if x.dtype == "bool":
         raise ctx.fail("TopK of bool; expected a numeric dtype")
@@ -426,8 +426,8 @@ def _topk(ctx: InferCtx) -> TensorType:
     return TensorType("i64" if ctx.attrs["output"] == "indices" else x.dtype, shape)
 
 
-def _einsum(ctx: InferCtx) -> TensorType:
-    dt = _same_dtypes(ctx, tuple(range(len(ctx.inputs))))
+def infer_einsum(ctx: InferCtx) -> TensorType:
+    dt = same_dtypes(ctx, tuple(range(len(ctx.inputs))))
     try:
         terms, out = parse_einsum(ctx.attrs["equation"], [t.rank for t in ctx.inputs])
     except ValueError as e:
@@ -443,9 +443,9 @@ def _einsum(ctx: InferCtx) -> TensorType:
     return TensorType(dt, tuple(sizes[ch] for ch in out))
 
 
-def _resize(ctx: InferCtx) -> TensorType:
+def infer_resize(ctx: InferCtx) -> TensorType:
     x = ctx.inputs[0]
-    _require_float(ctx)
+    require_float(ctx)
     scales, sizes = ctx.attrs["scales"], ctx.attrs["sizes"]
     if len(ctx.inputs) > 1:  # sizes as input 1 (computed at run time)
         if scales is not None:
