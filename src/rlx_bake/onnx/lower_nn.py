@@ -224,6 +224,23 @@ def _instancenorm(ctx, n, a):
 LOWER["InstanceNormalization"] = _instancenorm
 
 
+def _groupnormalization(ctx, n, a):
+    """GroupNormalization (torch's dynamo exporter writes it for nn.GroupNorm from opset 18). Opset 21 scales
+    and shifts per channel ([C]); opsets 18-20 per group ([num_groups]): there x is viewed as [N, G, rest], so
+    each group is one channel of GroupNorm, and viewed back."""
+    g, eps = a["num_groups"], a.get("epsilon", 1e-5)
+    x, scale, bias = n.input[:3]
+    if ctx.opset >= 21:
+        ctx.emit("GroupNorm", [x, scale, bias], {"num_groups": g, "epsilon": eps}, n.output[0])
+        return
+    grouped = ctx.emit("Reshape", [x], {"shape": [0, g, -1]})
+    y = ctx.emit("GroupNorm", [grouped, scale, bias], {"num_groups": g, "epsilon": eps})
+    ctx.emit("Reshape", [y, ctx.emit("Shape", [x])], {}, n.output[0])
+
+
+LOWER["GroupNormalization"] = _groupnormalization
+
+
 def _layernorm(ctx, n, a):
     if any(o for o in n.output[1:]):
         raise Unsupported("LayerNormalization mean/inv-std outputs")

@@ -1,0 +1,47 @@
+"""Import gaps found by the vision exports of the corpus (issue #21, tests/export_corpus.py: re-implemented
+torchvision architectures), each checked on a minimal onnx.helper model against onnxruntime."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper, numpy_helper
+from test_real_exports import _check, _model, _save, _vi
+
+R = np.random.default_rng(3)
+
+
+def _f32(*shape):
+    return R.standard_normal(shape).astype(np.float32)
+
+
+# ------------------------------------------------------------------------------------------- GroupNormalization
+# torch's dynamo exporter writes nn.GroupNorm as GroupNormalization at opset 21 (the FCOS-like detector's towers)
+
+
+@pytest.mark.parametrize("opset", [18, 21])
+@pytest.mark.parametrize("x_shape,groups", [(["b", 6, "h", "w"], 3), (["b", 8, "t"], 2), (["b", 4, 3, 2, "w"], 4),
+                                            (["b", 6, 5], 1)])
+def test_group_normalization(tmp_path, opset, x_shape, groups):
+    """Opset 21: scale and bias per channel; opsets 18-20: per group (the spec changed between them)."""
+    c = x_shape[1]
+    n_affine = c if opset >= 21 else groups
+    inits = [numpy_helper.from_array(_f32(n_affine) + 1.0, "scale"), numpy_helper.from_array(_f32(n_affine), "bias")]
+    node = helper.make_node("GroupNormalization", ["x", "scale", "bias"], ["y"], num_groups=groups, epsilon=1e-3)
+    m = _model([node], [_vi("x", x_shape)], [_vi("y", None)], inits, opset=opset)
+    feeds = []
+    for b, other in ((1, 3), (2, 7)):
+        shape = [b if d == "b" else other if isinstance(d, str) else d for d in x_shape]
+        feeds.append({"x": (_f32(*shape) * 3 + 1).astype(np.float32)})  # a mean and spread to remove
+    _check(_save(tmp_path, m), feeds)
+
+
+@pytest.mark.parametrize("opset", [18, 21])
+def test_group_normalization_with_run_time_scale_and_bias(tmp_path, opset):
+    c, groups = 6, 2
+    n_affine = c if opset >= 21 else groups
+    node = helper.make_node("GroupNormalization", ["x", "scale", "bias"], ["y"], num_groups=groups)
+    m = _model([node], [_vi("x", ["b", c, "h", 4]), _vi("scale", [n_affine]), _vi("bias", [n_affine])],
+               [_vi("y", None)], opset=opset)
+    _check(_save(tmp_path, m), [{"x": _f32(b, c, h, 4), "scale": _f32(n_affine), "bias": _f32(n_affine)}
+                                for b, h in ((1, 3), (3, 5))])
