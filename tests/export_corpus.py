@@ -551,9 +551,9 @@ def _detector():
     nearest upsampling to the finer level's size, 3x3 outputs, a stride-2 P6), a head shared across levels
     (conv + GroupNorm + ReLU towers; class scores through Sigmoid, box distances through ReLU, centerness
     through Sigmoid), each level's maps flattened and concatenated; then the pre-NMS post-processing: each
-    location's center from its level's size and stride (arange, meshgrid), distances decoded to corner boxes,
-    the top 20 (location, class) scores per image (TopK), their boxes gathered and their labels. NMS itself is
-    torchvision's custom op, out of reach here."""
+    location's center from its level's size and stride (arange, meshgrid), distances decoded to corner boxes
+    clipped to the image, the top 20 (location, class) scores per image (TopK), their boxes gathered and their
+    labels. NMS itself is torchvision's custom op, out of reach here."""
     torch = _torch()
     nn = torch.nn
 
@@ -599,6 +599,9 @@ def _detector():
                 scores.append(s.flatten(2).permute(0, 2, 1))
                 boxes.append(torch.cat([centers - d[..., :2] * stride, centers + d[..., 2:] * stride], -1))
             scores, boxes = torch.cat(scores, 1), torch.cat(boxes, 1)
+            # clipped to the image (clamp bounds from its size at run time), x and y by strided slices
+            bx, by = boxes[..., 0::2].clamp(min=0, max=x.shape[-1]), boxes[..., 1::2].clamp(min=0, max=x.shape[-2])
+            boxes = torch.stack((bx, by), dim=-1).reshape(boxes.shape)
             top, idx = scores.flatten(1).topk(20, dim=1)
             where = (idx // scores.shape[-1]).unsqueeze(-1).expand(-1, -1, 4)
             return scores, boxes, top, torch.gather(boxes, 1, where), idx % scores.shape[-1]
@@ -642,14 +645,14 @@ MODELS: dict[str, Spec] = {
                                ints={"ids": 100}, masks=("mask",), outputs=_PRESENTS),
     "t5-encoder": Spec(_t5_encoder, _IDS, slow=True, ints={"x": 100}),
     "whisper-encoder": Spec(_whisper_encoder, ({"x": (1, 16, 48)}, {"x": (3, 16, 48)}), slow=True),
-    "resnet18": Spec(lambda: _image(_resnet18), _IMG),
-    "mobilenet-v3-small": Spec(lambda: _image(_mobilenet_v3_small), _IMG, slow=True),
+    "resnet18": Spec(lambda: _image(_resnet18), _IMG, slow=True),
+    "mobilenet-v3-small": Spec(lambda: _image(_mobilenet_v3_small), _IMG),
     "efficientnet-b0": Spec(lambda: _image(_efficientnet_b0), _IMG, slow=True),
     "regnet-y": Spec(lambda: _image(_regnet_y), _IMG, slow=True),
     "convnext-tiny": Spec(lambda: _image(_convnext_tiny), _IMG, slow=True),
     "small-vit": Spec(lambda: _image(_small_vit, spatial=False), ({"x": (1, 3, 32, 32)}, {"x": (3, 3, 32, 32)}),
                       slow=True),
-    "fcos-detector": Spec(_detector, ({"x": (1, 3, 64, 64)}, {"x": (2, 3, 40, 56)}), slow=True,
+    "fcos-detector": Spec(_detector, ({"x": (1, 3, 64, 64)}, {"x": (2, 3, 40, 56)}),
                           outputs=("scores", "boxes", "top_scores", "top_boxes", "labels"),
                           selected=("top_boxes", "labels")),
     # opset 21: the dynamo exporter writes GroupNormalization (per-channel affine) for the towers' nn.GroupNorm

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 from test_real_exports import _check, _model, _save, _vi
 
 R = np.random.default_rng(3)
@@ -45,3 +45,35 @@ def test_group_normalization_with_run_time_scale_and_bias(tmp_path, opset):
                [_vi("y", None)], opset=opset)
     _check(_save(tmp_path, m), [{"x": _f32(b, c, h, 4), "scale": _f32(n_affine), "bias": _f32(n_affine)}
                                 for b, h in ((1, 3), (3, 5))])
+
+
+# ------------------------------------------------------------------------------------------- Clip, run-time bounds
+# torchvision's clip_boxes_to_image: boxes.clamp(min=0, max=width), the width read from the image at run time
+
+
+@pytest.mark.parametrize("bounds", [("lo", "hi"), ("lo", ""), ("", "hi"), ("zero", "hi"), ("lo", "ten")])
+@pytest.mark.parametrize("dtype", [TensorProto.FLOAT, TensorProto.INT64])
+def test_clip_with_run_time_bounds(tmp_path, bounds, dtype):
+    """Each bound a graph input (run time) or a constant; lo > hi in one feed (ONNX: every value becomes hi)."""
+    npt = np.float32 if dtype == TensorProto.FLOAT else np.int64
+    inits = [numpy_helper.from_array(np.array(0, npt), "zero"), numpy_helper.from_array(np.array(10, npt), "ten")]
+    inputs = [_vi("x", ["b", 5], dtype)] + [_vi(b, [], dtype) for b in bounds if b in ("lo", "hi")]
+    m = _model([helper.make_node("Clip", ["x", *bounds], ["y"])], inputs, [_vi("y", None, dtype)], inits, opset=13)
+    feeds = []
+    for b, lo, hi in ((2, -0.5, 0.7), (3, 1.5, 4.0), (1, 2.0, -1.0)):
+        x = (R.standard_normal((b, 5)) * 6).astype(npt)
+        f = {"x": x, "lo": np.array(lo, npt), "hi": np.array(hi, npt)}
+        feeds.append({k: v for k, v in f.items() if k == "x" or k in bounds})
+    _check(_save(tmp_path, m), feeds)
+
+
+def test_clip_to_a_bound_computed_from_shape(tmp_path):
+    """The detector's form: the bound is Cast(Gather(Shape(image), -1)), a 0-d value known only at run time."""
+    nodes = [helper.make_node("Shape", ["img"], ["s"]),
+             helper.make_node("Gather", ["s", "last"], ["w"], axis=0),
+             helper.make_node("Cast", ["w"], ["wf"], to=TensorProto.FLOAT),
+             helper.make_node("Clip", ["x", "zero", "wf"], ["y"])]
+    inits = [numpy_helper.from_array(np.array(-1, np.int64), "last"), numpy_helper.from_array(np.float32(0), "zero")]
+    m = _model(nodes, [_vi("x", ["b", "n", 4]), _vi("img", ["b", 3, "h", "w"])], [_vi("y", None)], inits, opset=17)
+    _check(_save(tmp_path, m), [{"x": _f32(b, n, 4) * 20, "img": _f32(b, 3, 4, w)} for b, n, w in ((1, 6, 9),
+                                                                                                     (2, 3, 13))])
