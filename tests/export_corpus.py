@@ -547,7 +547,8 @@ def _small_vit(torch, nn):
 
 
 def _detector():
-    """An FCOS-like one-stage detector (Tian et al. 2019): a strided conv backbone, an FPN neck (1x1 laterals,
+    """An FCOS-like one-stage detector (Tian et al. 2019): the input normalized and resized (bilinear), a
+    strided conv backbone with frozen BatchNorm (scale and shift from buffers), an FPN neck (1x1 laterals,
     nearest upsampling to the finer level's size, 3x3 outputs, a stride-2 P6), a head shared across levels
     (conv + GroupNorm + ReLU towers; class scores through Sigmoid, box distances through ReLU, centerness
     through Sigmoid), each level's maps flattened and concatenated; then the pre-NMS post-processing: each
@@ -557,13 +558,29 @@ def _detector():
     torch = _torch()
     nn = torch.nn
 
+    class FrozenBatchNorm2d(nn.Module):
+        """Detection backbones' BatchNorm with fixed statistics, written out: x * scale + shift from buffers."""
+
+        def __init__(self, c):
+            super().__init__()
+            for name, v in (("weight", torch.rand(c) + 0.5), ("bias", torch.rand(c) - 0.5),
+                            ("running_mean", torch.rand(c) - 0.5), ("running_var", torch.rand(c) + 0.5)):
+                self.register_buffer(name, v)
+
+        def forward(self, x):
+            scale = self.weight * (self.running_var + 1e-5).rsqrt()
+            shift = self.bias - self.running_mean * scale
+            return x * scale.reshape(1, -1, 1, 1) + shift.reshape(1, -1, 1, 1)
+
+    def stage(cin, cout):
+        return nn.Sequential(nn.Conv2d(cin, cout, 3, 2, 1, bias=False), FrozenBatchNorm2d(cout), nn.ReLU())
+
     class Detector(nn.Module):
         def __init__(self, c=16, classes=5):
             super().__init__()
-            self.c2 = _conv_bn(nn, 3, 16, 3, 2, act=nn.ReLU)
-            self.c3 = _conv_bn(nn, 16, 24, 3, 2, act=nn.ReLU)
-            self.c4 = _conv_bn(nn, 24, 32, 3, 2, act=nn.ReLU)
-            self.c5 = _conv_bn(nn, 32, 48, 3, 2, act=nn.ReLU)
+            self.register_buffer("mean", torch.tensor([0.485, 0.456, 0.406]).reshape(1, 3, 1, 1))
+            self.register_buffer("std", torch.tensor([0.229, 0.224, 0.225]).reshape(1, 3, 1, 1))
+            self.c2, self.c3, self.c4, self.c5 = stage(3, 16), stage(16, 24), stage(24, 32), stage(32, 48)
             self.lat = nn.ModuleList(nn.Conv2d(w, c, 1) for w in (24, 32, 48))
             self.out = nn.ModuleList(nn.Conv2d(c, c, 3, padding=1) for _ in range(3))
             self.p6 = nn.Conv2d(c, c, 3, 2, 1)
@@ -575,9 +592,12 @@ def _detector():
             self.cls_tower, self.box_tower = tower(), tower()
             self.cls, self.box, self.ctr = nn.Conv2d(c, classes, 3, padding=1), nn.Conv2d(c, 4, 3, padding=1), \
                 nn.Conv2d(c, 1, 3, padding=1)
-            self.scales = nn.Parameter(torch.tensor([1.0, 1.5, 2.0, 2.5]))
+            self.scales, self.classes = nn.Parameter(torch.tensor([1.0, 1.5, 2.0, 2.5])), classes
 
         def forward(self, x):
+            # the detection transform: normalize, then resize (bilinear, scale factor, sizes from the input's)
+            x = nn.functional.interpolate((x - self.mean) / self.std, scale_factor=1.25, mode="bilinear",
+                                          align_corners=False, recompute_scale_factor=True)
             c3 = self.c3(self.c2(x))
             c4 = self.c4(c3)
             feats = [c3, c4, self.c5(c4)]
@@ -589,14 +609,17 @@ def _detector():
             scores, boxes = [], []
             for i, p in enumerate(levels):
                 t, b = self.cls_tower(p), self.box_tower(p)
-                s = torch.sigmoid(self.cls(t)) * torch.sigmoid(self.ctr(b))
+                logits = self.cls(t)
+                n, _, h, w = logits.shape  # RetinaNet's head layout: [N, A*K, H, W] -> [N, H*W*A, K] through 5-D
+                logits = logits.view(n, -1, self.classes, h, w).permute(0, 3, 4, 1, 2).reshape(n, -1, self.classes)
+                s = torch.sigmoid(logits) * torch.sigmoid(self.ctr(b)).flatten(2).permute(0, 2, 1)
                 d = torch.relu(self.box(b) * self.scales[i]).flatten(2).permute(0, 2, 1)
                 stride = x.shape[-1] / p.shape[-1]  # this level's stride, from the sizes at run time
                 ys, xs = torch.meshgrid(torch.arange(p.shape[-2], dtype=x.dtype), torch.arange(p.shape[-1],
                                                                                             dtype=x.dtype),
                                         indexing="ij")
                 centers = (torch.stack([xs, ys], -1).reshape(-1, 2) + 0.5) * stride
-                scores.append(s.flatten(2).permute(0, 2, 1))
+                scores.append(s)
                 boxes.append(torch.cat([centers - d[..., :2] * stride, centers + d[..., 2:] * stride], -1))
             scores, boxes = torch.cat(scores, 1), torch.cat(boxes, 1)
             # clipped to the image (clamp bounds from its size at run time), x and y by strided slices
