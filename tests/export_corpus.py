@@ -532,14 +532,15 @@ def _small_vit(torch, nn):
     class ViT(nn.Module):
         def __init__(self, image=32, patch=8, d=32, heads=4, layers=2):
             super().__init__()
-            self.patch = nn.Conv2d(3, d, patch, patch)
+            self.patch, self.d, self.p = nn.Conv2d(3, d, patch, patch), d, patch
             self.cls = nn.Parameter(torch.randn(1, 1, d) * 0.02)
             self.pos = nn.Parameter(torch.randn(1, (image // patch) ** 2 + 1, d) * 0.02)
             self.blocks = nn.Sequential(*(EncoderBlock(d, heads) for _ in range(layers)))
             self.ln, self.head = nn.LayerNorm(d, eps=1e-6), nn.Linear(d, 10)
 
         def forward(self, x):
-            x = self.patch(x).flatten(2).transpose(1, 2)
+            n, _, h, w = x.shape  # patches as ViT-B/16 lays them out: a reshape with sizes from the input's
+            x = self.patch(x).reshape(n, self.d, (h // self.p) * (w // self.p)).permute(0, 2, 1)
             x = torch.cat([self.cls.expand(x.shape[0], -1, -1), x], dim=1) + self.pos
             return self.head(self.ln(self.blocks(x))[:, 0])
 
