@@ -694,6 +694,22 @@ def test_exported_bert_with_hoisting_and_shape_caching(export_cache):
         _close(compiled.run({"x": x})["y"], sess.run(None, {"x": x})[0], f"bert {shape}")
 
 
+def test_exported_detector_with_hoisting_and_shape_caching(export_cache):
+    """The detector's shape-computed work (Resize sizes, arange centers, clip bounds, TopK over all levels)
+    under cache_param_invariant + cache_shape_invariant, image sizes changing and revisited."""
+    from rlx_runtime import CompileOptions
+    path = corpus.export("fcos-detector", False, export_cache)
+    graph, weights = import_onnx(path)
+    rf, _ = bake(graph, weights, BakeOptions.from_profile("exact"))
+    compiled = Session().compile_with(rf, CompileOptions(cache_param_invariant=True, cache_shape_invariant=True))
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for seed, shape in enumerate([(1, 3, 64, 64), (2, 3, 40, 56), (1, 3, 64, 64), (3, 3, 33, 47)]):
+        x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+        ours = compiled.run({"x": x})
+        for out, ref in zip(sess.get_outputs(), sess.run(None, {"x": x}), strict=True):
+            _close(ours[out.name], ref, f"detector {out.name} at {shape}")
+
+
 @pytest.mark.parametrize("name,kv_heads", [("gpt2-step", 4), pytest.param("llama-step", 2, marks=pytest.mark.slow)])
 def test_exported_decoding_step_with_shape_caching(export_cache, name, kv_heads):
     """A KV-cache step (past_sequence_length + 1 shape arithmetic; LLaMA: RoPE at the past's positions) under
