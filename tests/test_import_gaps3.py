@@ -8,6 +8,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from test_real_exports import _check, _model, _save, _vi
 
+from rlx_bake.onnx import import_onnx
+from rlx_format import RlxError
+
 R = np.random.default_rng(3)
 
 
@@ -77,3 +80,15 @@ def test_clip_to_a_bound_computed_from_shape(tmp_path):
     m = _model(nodes, [_vi("x", ["b", "n", 4]), _vi("img", ["b", 3, "h", "w"])], [_vi("y", None)], inits, opset=17)
     _check(_save(tmp_path, m), [{"x": _f32(b, n, 4) * 20, "img": _f32(b, 3, 4, w)} for b, n, w in ((1, 6, 9),
                                                                                                      (2, 3, 13))])
+
+
+@pytest.mark.parametrize("opset,expected", [
+    (18, r"node 'y' \(GroupNormalization\) is malformed \(ValueError: 6 channels are not divisible by num_groups 4"),
+    (21, r"node 'y' \(GroupNorm\): channels 6 not divisible by num_groups 4")])
+def test_group_normalization_with_groups_that_do_not_divide_the_channels_is_refused(tmp_path, opset, expected):
+    n_affine = 4 if opset < 21 else 6
+    inits = [numpy_helper.from_array(np.ones(n_affine, np.float32), k) for k in ("scale", "bias")]
+    node = helper.make_node("GroupNormalization", ["x", "scale", "bias"], ["y"], num_groups=4)
+    m = _model([node], [_vi("x", ["b", 6, 5])], [_vi("y", None)], inits, opset=opset)
+    with pytest.raises(RlxError, match=expected):
+        import_onnx(_save(tmp_path, m))

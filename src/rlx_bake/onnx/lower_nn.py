@@ -233,6 +233,10 @@ def _groupnormalization(ctx, n, a):
     if ctx.opset >= 21:
         ctx.emit("GroupNorm", [x, scale, bias], {"num_groups": g, "epsilon": eps}, n.output[0])
         return
+    t = ctx.types.get(x)
+    c = t[1][1] if t is not None and t[1] is not None and len(t[1]) > 1 else None
+    if isinstance(c, int) and c % g:  # the view below would hide it until run time
+        raise ValueError(f"{c} channels are not divisible by num_groups {g}")
     grouped = ctx.emit("Reshape", [x], {"shape": [0, g, -1]})
     y = ctx.emit("GroupNorm", [grouped, scale, bias], {"num_groups": g, "epsilon": eps})
     ctx.emit("Reshape", [y, ctx.emit("Shape", [x])], {}, n.output[0])
