@@ -225,7 +225,7 @@ LOWER["InstanceNormalization"] = _instancenorm
 
 
 def _groupnormalization(ctx, n, a):
-    """GroupNormalization (torch's dynamo exporter writes it for nn.GroupNorm from opset 18). Opset 21 scales
+    """GroupNormalization (torch's dynamo exporter writes it for nn.GroupNorm at opset 21). Opset 21 scales
     and shifts per channel ([C]); opsets 18-20 per group ([num_groups]): there x is viewed as [N, G, rest], so
     each group is one channel of GroupNorm, and viewed back."""
     g, eps = a["num_groups"], a.get("epsilon", 1e-5)
