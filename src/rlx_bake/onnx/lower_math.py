@@ -159,8 +159,9 @@ LOWER["Mean"] = _mean
 
 
 def _clip(ctx, n, a):
-    attrs = {}
-    ins = [n.input[0]]
+    """Constant bounds become Clip's attrs; a bound computed at run time (detection models clip boxes to the
+    image size) becomes Max / Min, in Clip's order: min(max(x, lo), hi)."""
+    attrs, run_time = {}, {}
     if ctx.opset < 11:
         attrs = {k: a[k] for k in ("min", "max") if k in a}
     else:
@@ -168,9 +169,21 @@ def _clip(ctx, n, a):
             if len(n.input) > pos and n.input[pos]:
                 v = ctx.value(n.input[pos])
                 if v is None:
-                    raise Unsupported("Clip with run-time bounds")
-                attrs[key] = float(np.asarray(v).reshape(()))
-    ctx.emit("Clip", ins, attrs, n.output[0])
+                    if ctx.rank(n.input[pos]) not in (None, 0):
+                        raise Unsupported("Clip with a non-scalar bound")
+                    run_time[key] = n.input[pos]
+                else:
+                    attrs[key] = float(np.asarray(v).reshape(()))
+    if not run_time:
+        ctx.emit("Clip", [n.input[0]], attrs, n.output[0])
+        return
+    y, steps = n.input[0], [k for k in ("min", "max") if k in attrs or k in run_time]
+    for i, key in enumerate(steps):
+        out = n.output[0] if i == len(steps) - 1 else None
+        if key in run_time:
+            y = ctx.emit("Max" if key == "min" else "Min", [y, run_time[key]], {}, out)
+        else:
+            y = ctx.emit("Clip", [y], {key: attrs[key]}, out)
 
 
 LOWER["Clip"] = _clip

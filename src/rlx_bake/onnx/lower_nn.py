@@ -224,6 +224,27 @@ def _instancenorm(ctx, n, a):
 LOWER["InstanceNormalization"] = _instancenorm
 
 
+def _groupnormalization(ctx, n, a):
+    """GroupNormalization (torch's dynamo exporter writes it for nn.GroupNorm at opset 21). Opset 21 scales
+    and shifts per channel ([C]); opsets 18-20 per group ([num_groups]): there x is viewed as [N, G, rest], so
+    each group is one channel of GroupNorm, and viewed back."""
+    g, eps = a["num_groups"], a.get("epsilon", 1e-5)
+    x, scale, bias = n.input[:3]
+    if ctx.opset >= 21:
+        ctx.emit("GroupNorm", [x, scale, bias], {"num_groups": g, "epsilon": eps}, n.output[0])
+        return
+    t = ctx.types.get(x)
+    c = t[1][1] if t is not None and t[1] is not None and len(t[1]) > 1 else None
+    if isinstance(c, int) and c % g:  # the view below would hide it until run time
+        raise ValueError(f"{c} channels are not divisible by num_groups {g}")
+    grouped = ctx.emit("Reshape", [x], {"shape": [0, g, -1]})
+    y = ctx.emit("GroupNorm", [grouped, scale, bias], {"num_groups": g, "epsilon": eps})
+    ctx.emit("Reshape", [y, ctx.emit("Shape", [x])], {}, n.output[0])
+
+
+LOWER["GroupNormalization"] = _groupnormalization
+
+
 def _layernorm(ctx, n, a):
     if any(o for o in n.output[1:]):
         raise Unsupported("LayerNormalization mean/inv-std outputs")
