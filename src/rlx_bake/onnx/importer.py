@@ -100,6 +100,12 @@ def import_onnx(path: str | os.PathLike) -> tuple[Graph, WeightSet]:
     ctx.static_inputs = all(isinstance(d, int) for v in inputs for d in v.shape)
     unsupported: Counter = Counter()
     where: dict[str, list[str]] = {}
+
+    def refuse(items) -> None:
+        for k, at in items:  # (op key, where): counted once per node, located by label
+            unsupported[k] += 1
+            where.setdefault(k, []).append(at)
+
     for i, n in enumerate(g.node):
         if n.domain not in ("", "ai.onnx"):
             key = f"{n.domain}.{n.op_type}"
@@ -108,29 +114,16 @@ def import_onnx(path: str | os.PathLike) -> tuple[Graph, WeightSet]:
         label = n.name or (n.output[0] if n.output else f"#{i}")
         lower = LOWER.get(n.op_type) if n.domain in ("", "ai.onnx") else None
         if lower is None:
-            unsupported[key] += 1
-            where.setdefault(key, []).append(label)
-            for sub_key, sub_label in _subgraph_ops(n, label):
-                unsupported[sub_key] += 1
-                where.setdefault(sub_key, []).append(sub_label)
+            refuse([(key, label), *_subgraph_ops(n, label)])
             continue
         try:
             lower(ctx, n, onnx_attrs(n))
         except BodyUnsupported as e:  # the ops inside its bodies that cannot be lowered, each with where it is
-            for sub_key, sub_label in e.items:
-                unsupported[sub_key] += 1
-                where.setdefault(sub_key, []).append(sub_label)
-        except Unsupported as e:
-            key = f"{n.op_type} ({e})"
-            unsupported[key] += 1
-            where.setdefault(key, []).append(label)
-            for sub_key, sub_label in _subgraph_ops(n, label):  # what a refused If/Loop/Scan would hide
-                unsupported[sub_key] += 1
-                where.setdefault(sub_key, []).append(sub_label)
+            refuse(e.items)
+        except Unsupported as e:  # with what a refused If/Loop/Scan would hide
+            refuse([(f"{n.op_type} ({e})", label), *_subgraph_ops(n, label)])
         except KeyError as e:
-            key = f"{n.op_type} (missing attribute {e})"
-            unsupported[key] += 1
-            where.setdefault(key, []).append(label)
+            refuse([(f"{n.op_type} (missing attribute {e})", label)])
         except RlxError:
             raise
         except Exception as e:  # noqa: BLE001 - a corrupt node (bad tensor attr, missing inputs, ...)
