@@ -446,13 +446,16 @@ def _k_superblock(x, b, out, nmax, rmin, rdelta, nstep, L, laux, w, sc, mins):
             L[32 * j + i] = _clampi(_nearest((x[b, 32 * j + i] + dm) / dj), 0, nmax)
 
 
+@numba.njit(cache=True, inline="always")
+def _k_scratch():
+    """Per-call work arrays of the Q4_K/Q5_K searches: codes, search codes, weights, scales, mins."""
+    return (np.zeros(256, np.int64), np.zeros(32, np.int64), np.empty(32, np.float32), np.empty(8, np.float32),
+            np.empty(8, np.float32))
+
+
 @numba.njit(cache=True, nogil=True, error_model="numpy")
 def _q4_k_blocks(x, s, out):  # d, dmin @0, 6-bit scales/mins @4..16, qs @16..144
-    L = np.zeros(256, np.int64)
-    laux = np.zeros(32, np.int64)
-    w = np.empty(32, np.float32)
-    sc = np.empty(8, np.float32)
-    mins = np.empty(8, np.float32)
+    L, laux, w, sc, mins = _k_scratch()
     for b in range(x.shape[0]):
         out[b, 4:16] = 0
         _k_superblock(x, b, out, 15, np.float32(-1.0), _F01, 20, L, laux, w, sc, mins)
@@ -463,11 +466,7 @@ def _q4_k_blocks(x, s, out):  # d, dmin @0, 6-bit scales/mins @4..16, qs @16..14
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
 def _q5_k_blocks(x, s, out):  # d, dmin @0, scales/mins @4..16, qh @16..48 (bit j: sub-block j), qs @48..176
-    L = np.zeros(256, np.int64)
-    laux = np.zeros(32, np.int64)
-    w = np.empty(32, np.float32)
-    sc = np.empty(8, np.float32)
-    mins = np.empty(8, np.float32)
+    L, laux, w, sc, mins = _k_scratch()
     for b in range(x.shape[0]):
         out[b, 4:48] = 0
         _k_superblock(x, b, out, 31, np.float32(-0.5), _F01, 15, L, laux, w, sc, mins)
