@@ -156,7 +156,7 @@ def _pow2(kk):  # pragma: no cover - compiled
 # Single-threaded on purpose: a parallel kernel's static split waits for every worker thread, which
 # on a loaded machine costs a scheduler time slice per call (measured: a YOLO-like forward went from
 # 20 ms to 116 ms with 2 numba threads while other processes ran).
-@numba.njit(cache=True, error_model="numpy", fastmath={"contract"})
+@numba.njit(cache=True, error_model="numpy")
 def _sigmoid_f32_loop(x, out, silu, terms):  # pragma: no cover - compiled
     for i in range(x.size):
         xv = np.float64(x[i])
