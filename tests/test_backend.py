@@ -27,7 +27,7 @@ def _graph():
 def test_cpu_backend_and_its_overrides():
     assert backend_for(Device.CPU) is CPU and backend_of(np) is CPU
     assert CPU.host_arrays and CPU.inplace_ufuncs
-    for op in ("Gelu", "Silu", "Dequantize", "DequantMatMul"):
+    for op in ("Gelu", "Silu", "FusedConv", "Dequantize", "DequantMatMul"):
         assert CPU.kernel(op) is OVERRIDES["cpu"][op] is not KERNELS[op]
     assert CPU.kernel("Add") is KERNELS["Add"]
     assert OVERRIDES["cuda"]["DequantMatMul"] is not KERNELS["DequantMatMul"]

@@ -76,7 +76,7 @@ def test_dequantized_once_at_compile_not_per_forward(monkeypatch):
     real = CPU.kernel("Dequantize")
     monkeypatch.setitem(OVERRIDES["cpu"], "Dequantize", lambda *a: calls.append(1) or real(*a))
     c = Session().compile(rf)
-    assert calls == [1] and c.plan_ops() == ["Conv", "Relu"]
+    assert calls == [1] and c.plan_ops() == ["FusedConv"]
     x = R.standard_normal((1, 4, 9, 9)).astype(np.float32)
     c.run({"x": x})
     c.run({"x": x})

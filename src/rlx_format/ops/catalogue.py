@@ -99,6 +99,11 @@ _reg("MatMul", 2, infer_matmul)
 _CONV_ATTRS = {"strides": Attr("ints", None, lo=1), "pads": Attr("ints", None, lo=0),
                "dilations": Attr("ints", None, lo=1), "group": Attr("int", 1, lo=1)}
 _reg("Conv", (2, 3), infer_conv, dict(_CONV_ATTRS))
+# compile-time fusion of a Conv and the activation that alone reads it (rlx_runtime.passes.fuse_conv)
+FUSED_CONV_ACTIVATIONS = ("Relu", "Sigmoid", "Silu", "LeakyRelu", "Clip")
+_reg("FusedConv", (2, 3), infer_conv, {**_CONV_ATTRS, "activation": Attr("str", choices=FUSED_CONV_ACTIVATIONS),
+                                       "alpha": Attr("float", 0.01), "min": Attr("float", None, nonfinite=True),
+                                       "max": Attr("float", None, nonfinite=True)})
 _reg("ConvTranspose", (2, 3), infer_conv_transpose, {**_CONV_ATTRS, "output_padding": Attr("ints", None, lo=0)})
 _POOL_ATTRS = {"kernel_shape": Attr("ints", lo=1), "strides": Attr("ints", None, lo=1),
                "pads": Attr("ints", None, lo=0),

@@ -135,8 +135,8 @@ def _im2col(xp, x, k, strides, dil, pads, out_sp):
     return cols
 
 
-@kernel("Conv")
-def _conv(xp, a, x, w, b=None):
+def conv_nobias(xp, a, x, w):
+    """Conv without its bias: a fresh contiguous (n, o, *out) array (the GEMM's own result)."""
     nsp = x.ndim - 2
     strides, dil, pads = _spatial(a, nsp)
     g = a["group"]
@@ -150,10 +150,32 @@ def _conv(xp, a, x, w, b=None):
         cols = _im2col(xp, x, k, strides, dil, pads, out_sp)
     cols = cols.reshape(n, g, (c // g) * math.prod(k), math.prod(out_sp))
     wg = w.reshape(g, o // g, (c // g) * math.prod(k))
-    y = xp.matmul(wg[0] if g == 1 else wg, cols).reshape(n, o, *out_sp)  # (n, g, o/g, P) -> (n, o, *out)
+    return xp.matmul(wg[0] if g == 1 else wg, cols).reshape(n, o, *out_sp)  # (n, g, o/g, P) -> (n, o, *out)
+
+
+@kernel("Conv")
+def _conv(xp, a, x, w, b=None):
+    y = conv_nobias(xp, a, x, w)
     if b is not None:
-        y += b.reshape((1, o) + (1,) * nsp)
+        y += b.reshape((1, w.shape[0]) + (1,) * (x.ndim - 2))
     return y
+
+
+@kernel("FusedConv")
+def _fused_conv(xp, a, x, w, b=None):
+    """Conv, then its activation: each op's own kernel on this backend, so the values are the unfused ones."""
+    be = backend_of(xp)
+    y = be.kernel("Conv")(xp, a, x, w, *(() if b is None else (b,)))
+    return be.kernel(a["activation"])(xp, a, y)
+
+
+@kernel("FusedConv", backend="cpu")
+def _fused_conv_cpu(xp, a, x, w, b=None):
+    """float32: the GEMM, then bias and activation in one numba pass over each output row."""
+    if x.dtype != np.float32:
+        return _fused_conv(xp, a, x, w, b)
+    from ..conv_kernels import bias_activation_
+    return bias_activation_(conv_nobias(xp, a, x, w), b, a["activation"], a["alpha"], a["min"], a["max"])
 
 
 @kernel("ConvTranspose")

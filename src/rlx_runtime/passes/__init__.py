@@ -5,13 +5,13 @@ from .affine import fold_affine
 from .dce import dead_code_elimination
 from .dedupe import dedupe_constants
 from .fold import constant_fold
-from .fuse import fuse
-from .pipeline import (AFFINE, DCE, DEDUPE, FOLD, FUSE, SIMPLIFY, UNPACK, Pass, PassContext, PassResult,
+from .fuse import fuse, fuse_conv_activation
+from .pipeline import (AFFINE, DCE, DEDUPE, FOLD, FUSE, FUSE_CONV, SIMPLIFY, UNPACK, Pass, PassContext, PassResult,
                        compile_pipeline, run_group)
 from .report import PassReport
 from .simplify import simplify
 from .specialize import specialize_params
 
-__all__ = ["specialize_params", "fold_affine", "constant_fold", "simplify", "fuse", "dead_code_elimination",
-           "dedupe_constants", "compile_pipeline", "run_group", "Pass", "PassContext", "PassResult", "PassReport",
-           "FOLD", "AFFINE", "SIMPLIFY", "FUSE", "DCE", "DEDUPE", "UNPACK"]
+__all__ = ["specialize_params", "fold_affine", "constant_fold", "simplify", "fuse", "fuse_conv_activation",
+           "dead_code_elimination", "dedupe_constants", "compile_pipeline", "run_group", "Pass", "PassContext",
+           "PassResult", "PassReport", "FOLD", "AFFINE", "SIMPLIFY", "FUSE", "FUSE_CONV", "DCE", "DEDUPE", "UNPACK"]

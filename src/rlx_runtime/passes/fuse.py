@@ -6,6 +6,9 @@ else, so the fused kernel reproduces the same float32 steps.
 
 SiLU: Mul(x, Sigmoid(x)) (either order) -> Silu(x) when the Sigmoid feeds nothing else; the Silu kernel
 multiplies x by the same Sigmoid result, so the values are equal.
+
+Conv + activation (`fuse_conv_activation`, compile only, so baked files keep plain Conv): Conv whose only
+reader is a Relu/Sigmoid/Silu/LeakyRelu/Clip -> FusedConv(activation=...), with equal values.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import math
 import numpy as np
 
 from rlx_format.graph import Graph, Node
+from rlx_format.ops.catalogue import FUSED_CONV_ACTIVATIONS
 
 _SQRT2 = np.float32(math.sqrt(2.0))
 
@@ -100,3 +104,30 @@ def _fuse_silu(graph: Graph, absorbed: set[str]) -> int:
                 break
     return fused
 
+
+
+def fuse_conv_activation(graph: Graph, report=None) -> Graph:
+    """Conv followed by an activation that alone reads it -> one FusedConv (compile only: the CPU kernel
+    adds the bias and applies the activation in one pass; every kernel gives the unfused values). Clip is
+    fused when its bounds are attrs (run-time bound operands stay unfused)."""
+    nodes = graph.node_map()
+    users = graph.consumers()
+    outputs = set(graph.outputs)
+    absorbed: set[str] = set()
+    for act in graph.nodes:
+        if act.op not in FUSED_CONV_ACTIVATIONS or (act.op == "Clip" and len(act.inputs) != 1):
+            continue
+        conv = nodes.get(act.inputs[0])
+        if (conv is None or conv.op != "Conv" or conv.name in outputs or len(users.get(conv.name, [])) != 1
+                or graph.types[conv.name] != graph.types[act.name]):
+            continue
+        extra = {k: act.attrs[k] for k in ("alpha", "min", "max") if k in act.attrs}
+        act.op, act.inputs, act.attrs = "FusedConv", list(conv.inputs), {**conv.attrs, **extra,
+                                                                         "activation": act.op}
+        absorbed.add(conv.name)
+    if report is not None:
+        report.simplified += len(absorbed)
+    if not absorbed:
+        return graph
+    graph.nodes = [n for n in graph.nodes if n.name not in absorbed]
+    return graph.validate()

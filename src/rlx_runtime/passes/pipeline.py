@@ -10,7 +10,7 @@ A group of passes runs to a fixed point (`run_group`): after a pass changed the 
 again; it stops once every pass has run since the last change, or after `max_rounds` sweeps. Each
 pass is idempotent, so a pass is never rerun on a graph it left unchanged.
 
-Compile: [unpack] -> (simplify, fuse, affine, fold)* -> (DCE, dedupe)*; without `optimize`: fold alone.
+Compile: [unpack] -> (simplify, fuse, affine, fold)* -> fuse_conv -> (DCE, dedupe)*; without `optimize`: fold alone.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from .affine import fold_affine
 from .dce import dead_code_elimination
 from .dedupe import dedupe_constants
 from .fold import constant_fold
-from .fuse import fuse
+from .fuse import fuse, fuse_conv_activation
 from .report import PassReport
 from .simplify import simplify
 from .specialize import specialize_params
@@ -107,6 +107,7 @@ FOLD = Pass("fold", _fold)
 AFFINE = Pass("affine", _affine)
 SIMPLIFY = Pass("simplify", _counted(simplify, "simplified"))
 FUSE = Pass("fuse", _counted(fuse, "simplified"))
+FUSE_CONV = Pass("fuse_conv", _counted(fuse_conv_activation, "simplified"))
 DCE = Pass("dce", _dce)
 DEDUPE = Pass("dedupe", _counted(dedupe_constants, "deduped"))
 UNPACK = Pass("unpack", _counted(unpack_quantized, "simplified"))
@@ -144,6 +145,7 @@ def compile_pipeline(graph: Graph, options) -> tuple[Graph, PassReport]:
         g = run_group(g, [UNPACK], ctx)
     if options.optimize or options.param_bindings or options.unpack_quantized:
         g = run_group(g, [SIMPLIFY, FUSE, AFFINE, FOLD], ctx)
+        g = run_group(g, [FUSE_CONV], ctx)  # after affine: a BatchNorm or scale is in the Conv weights by now
         g = run_group(g, [DCE, DEDUPE], ctx)
     elif options.precompute:
         g = run_group(g, [FOLD], ctx)

@@ -1,0 +1,165 @@
+"""FusedConv: the compile pass that fuses Conv with its only reader activation, and its kernels.
+
+The fused graph must give the unfused graph's values: the CPU kernel runs the same float32 steps
+(Conv's GEMM and `y += b`, then the activation's own loop), so results are compared bitwise
+(assert_array_equal, NaN == NaN), with NaN/Inf in the input, odd shapes, strides, pads, dilations and
+groups. The unfused reference is the same graph compiled with the fusion pass switched off.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import rlx_runtime.passes.pipeline as pipeline
+from rlx_bake import BakeOptions, bake
+from rlx_format import GraphBuilder
+from rlx_runtime import Session
+from rlx_runtime.backend import CPU
+from rlx_runtime.kernels import KERNELS
+
+RNG = np.random.default_rng(7)
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NaN inputs
+
+ACTS = [("Relu", {}), ("Sigmoid", {}), ("Silu", {}), ("LeakyRelu", {"alpha": 0.07}),
+        ("Clip", {"min": -0.5, "max": 0.75}), ("Clip", {"min": 0.0}), ("Clip", {"max": float("nan")}),
+        ("Clip", {"min": float("nan"), "max": 1.0}), ("Clip", {"min": 1.0, "max": -1.0})]
+# (x shape, w shape, conv attrs)
+CONVS = [
+    ((2, 3, 11, 7), (5, 3, 3, 3), {"pads": [1, 0, 2, 1], "strides": [2, 1]}),
+    ((1, 4, 9, 9), (6, 2, 3, 3), {"group": 2, "dilations": [2, 2], "pads": [2, 2, 2, 2]}),
+    ((1, 6, 8, 5), (6, 1, 3, 3), {"group": 6, "pads": [1, 1, 1, 1]}),  # depthwise
+    ((3, 4, 13), (7, 4, 1), {"strides": [3]}),  # 1-D, strided 1x1
+    ((1, 2, 5, 4, 3), (3, 2, 2, 2, 1), {}),  # 3-D
+    ((1, 8, 6, 6), (4, 8, 1, 1), {}),  # 1x1 as a plain GEMM
+]
+
+
+def _graph(xs, ws, attrs, act, act_attrs, bias=True, extra_reader=False):
+    g = GraphBuilder("fc")
+    x = g.input("x", "f32", list(xs))
+    ins = [x, g.constant(RNG.standard_normal(ws).astype(np.float32), name="w")]
+    if bias:
+        ins.append(g.constant(RNG.standard_normal(ws[0]).astype(np.float32), name="b"))
+    c = g.op("Conv", *ins, name="conv", **attrs)
+    out = g.op(act, c, name="act", **act_attrs)
+    g.output(out)
+    if extra_reader:
+        g.output(g.op("Neg", c, name="neg"))
+    return g.build()
+
+
+def _inputs(shape):
+    x = RNG.standard_normal(shape).astype(np.float32) * 3
+    flat = x.reshape(-1)
+    flat[::7] = np.nan
+    flat[1::11] = np.inf
+    flat[2::13] = -np.inf
+    flat[3::17] = -0.0
+    return x
+
+
+def _unfused(graph, monkeypatch):
+    with monkeypatch.context() as m:
+        m.setattr(pipeline, "FUSE_CONV", pipeline.Pass("fuse_conv", lambda g, ctx: pipeline.PassResult(g, False)))
+        return Session().compile(graph)
+
+
+def _ops(compiled):
+    return sorted(n.op for n in compiled.graph.nodes)
+
+
+@pytest.mark.parametrize("act,act_attrs", ACTS, ids=lambda v: str(v))
+@pytest.mark.parametrize("xs,ws,attrs", CONVS, ids=lambda v: str(v))
+def test_fused_equals_unfused(xs, ws, attrs, act, act_attrs, monkeypatch):
+    g = _graph(xs, ws, attrs, act, act_attrs)
+    fused, ref = Session().compile(g), _unfused(g, monkeypatch)
+    assert _ops(fused) == ["FusedConv"] and _ops(ref) == sorted(["Conv", act])
+    for feed in (_inputs(xs), RNG.standard_normal(xs).astype(np.float32)):
+        np.testing.assert_array_equal(fused.run({"x": feed})["act"], ref.run({"x": feed})["act"])
+
+
+@pytest.mark.parametrize("act,act_attrs", ACTS[:5], ids=lambda v: str(v))
+def test_fused_without_bias(act, act_attrs, monkeypatch):
+    xs, ws, attrs = CONVS[0]
+    g = _graph(xs, ws, attrs, act, act_attrs, bias=False)
+    fused, ref = Session().compile(g), _unfused(g, monkeypatch)
+    assert _ops(fused) == ["FusedConv"]
+    feed = _inputs(xs)
+    np.testing.assert_array_equal(fused.run({"x": feed})["act"], ref.run({"x": feed})["act"])
+
+
+def test_yolo_style_silu_is_fused_after_the_mul_sigmoid_fusion(monkeypatch):
+    g = GraphBuilder("silu")
+    x = g.input("x", "f32", [1, 3, 10, 10])
+    c = g.op("Conv", x, g.constant(RNG.standard_normal((4, 3, 3, 3)).astype(np.float32), name="w"),
+             name="conv", pads=[1, 1, 1, 1])
+    g.output(g.op("Mul", c, g.op("Sigmoid", c, name="sig"), name="act"))
+    graph = g.build()
+    fused, ref = Session().compile(graph), _unfused(graph, monkeypatch)
+    assert _ops(fused) == ["FusedConv"] and fused.graph.nodes[0].attrs["activation"] == "Silu"
+    feed = _inputs((1, 3, 10, 10))
+    np.testing.assert_array_equal(fused.run({"x": feed})["act"], ref.run({"x": feed})["act"])
+
+
+def test_not_fused_when_the_conv_result_is_read_elsewhere():
+    g = _graph((1, 3, 6, 6), (4, 3, 3, 3), {}, "Relu", {}, extra_reader=True)
+    assert _ops(Session().compile(g)) == ["Conv", "Neg", "Relu"]
+
+
+def test_not_fused_when_the_conv_result_is_a_graph_output():
+    g = GraphBuilder("out")
+    x = g.input("x", "f32", [1, 3, 6, 6])
+    c = g.op("Conv", x, g.constant(np.ones((4, 3, 3, 3), np.float32), name="w"), name="conv")
+    g.output(c)
+    g.output(g.op("Relu", c, name="act"))
+    assert _ops(Session().compile(g.build())) == ["Conv", "Relu"]
+
+
+def test_clip_with_run_time_bounds_is_not_fused():
+    g = GraphBuilder("clip")
+    x = g.input("x", "f32", [1, 3, 6, 6])
+    lo = g.input("lo", "f32", [])
+    c = g.op("Conv", x, g.constant(np.ones((4, 3, 3, 3), np.float32), name="w"), name="conv")
+    g.output(g.op("Clip", c, lo, name="act"))
+    assert _ops(Session().compile(g.build())) == ["Clip", "Conv"]
+
+
+def test_bake_keeps_plain_conv():
+    """The fusion is compile-only: a baked file holds Conv and the activation, readable by older runtimes."""
+    g = _graph((1, 3, 6, 6), (4, 3, 3, 3), {}, "Relu", {})
+    rf, _ = bake(g, {}, BakeOptions.from_profile("exact"))
+    assert sorted(n.op for n in rf.graph.nodes) == ["Conv", "Relu"]
+
+
+@pytest.mark.parametrize("act,act_attrs", ACTS, ids=lambda v: str(v))
+def test_generic_kernel_is_conv_then_activation(act, act_attrs):
+    """The kernel every other backend runs: the backend's Conv, then its activation kernel."""
+    xs, ws, attrs = CONVS[1]
+    a = {"strides": None, "dilations": None, "pads": None, "group": 1, "alpha": 0.01, "min": None, "max": None,
+         **attrs, **act_attrs, "activation": act}
+    x, w = _inputs(xs), RNG.standard_normal(ws).astype(np.float32)
+    b = RNG.standard_normal(ws[0]).astype(np.float32)
+    want = CPU.kernel(act)(np, a, KERNELS["Conv"](np, a, x, w, b))
+    np.testing.assert_array_equal(KERNELS["FusedConv"](np, a, x, w, b), want)
+    np.testing.assert_array_equal(CPU.kernel("FusedConv")(np, a, x, w, b), want)
+
+
+@pytest.mark.parametrize("dtype", ["f64", "f16"])
+def test_other_float_dtypes_match_unfused(dtype, monkeypatch):
+    g = GraphBuilder("wide")
+    np_t = {"f64": np.float64, "f16": np.float16}[dtype]
+    x = g.input("x", dtype, [1, 3, 7, 7])
+    c = g.op("Conv", x, g.constant(RNG.standard_normal((4, 3, 3, 3)).astype(np_t), name="w", dtype=dtype),
+             g.constant(RNG.standard_normal(4).astype(np_t), name="b", dtype=dtype), name="conv", strides=[2, 2])
+    g.output(g.op("Silu", c, name="act"))
+    graph = g.build()
+    fused, ref = Session().compile(graph), _unfused(graph, monkeypatch)
+    assert _ops(fused) == ["FusedConv"]
+    feed = _inputs((1, 3, 7, 7)).astype(np_t)
+    np.testing.assert_array_equal(fused.run({"x": feed})["act"], ref.run({"x": feed})["act"])
+
+
+def test_empty_batch():
+    g = _graph((0, 3, 6, 6), (4, 3, 3, 3), {}, "Silu", {})
+    assert Session().compile(g).run({"x": np.zeros((0, 3, 6, 6), np.float32)})["act"].shape == (0, 4, 4, 4)
