@@ -14,7 +14,7 @@ import numpy as np
 
 from rlx_format.numba_setup import numba
 
-from .ufuncs import _EXP_TERMS, _sigmoid_f32_loop
+from .ufuncs import EXP_TERMS, sigmoid_f32_loop
 
 ACTIVATION_CODES = {"Relu": 0, "Sigmoid": 1, "Silu": 2, "LeakyRelu": 3, "Clip": 4}
 
@@ -33,7 +33,7 @@ def _bias_act_rows(y, bias, has_bias, act, alpha, has_lo, lo, has_hi, hi, terms)
             bv = bias[r % o] if has_bias else np.float32(0.0)
             for i in range(row.size):
                 tmp[i] = row[i] + bv if has_bias else row[i]
-            _sigmoid_f32_loop(tmp, row, act == 2, terms)
+            sigmoid_f32_loop(tmp, row, act == 2, terms)
             continue
         if has_bias:
             bv = bias[r % o]
@@ -64,5 +64,5 @@ def bias_activation_(y: np.ndarray, bias: np.ndarray | None, activation: str, al
     b = np.zeros(1, np.float32) if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
     _bias_act_rows(y3, b, bias is not None, ACTIVATION_CODES[activation], np.float32(alpha),
                    lo is not None, np.float32(0 if lo is None else lo), hi is not None,
-                   np.float32(0 if hi is None else hi), _EXP_TERMS)
+                   np.float32(0 if hi is None else hi), EXP_TERMS)
     return y

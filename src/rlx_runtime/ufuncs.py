@@ -132,7 +132,7 @@ _INV_LN2 = 1.0 / math.log(2.0)
 _K_MIN = int(math.floor(_EXP_LO * _INV_LN2)) - 1  # k - _K_MIN is in [0, 256)
 _SCALE0 = 2.0 ** _K_MIN
 _B0, _B1, _B2, _B3, _B4, _B5, _B6, _B7 = (2.0 ** (2 ** j) for j in range(8))
-_EXP_TERMS = np.array([1.0 / math.factorial(j) for j in range(13)])
+EXP_TERMS = np.array([1.0 / math.factorial(j) for j in range(13)])
 
 
 @numba.njit(cache=True, inline="always")
@@ -157,7 +157,7 @@ def _pow2(kk):  # pragma: no cover - compiled
 # on a loaded machine costs a scheduler time slice per call (measured: a YOLO-like forward went from
 # 20 ms to 116 ms with 2 numba threads while other processes ran).
 @numba.njit(cache=True, error_model="numpy")
-def _sigmoid_f32_loop(x, out, silu, terms):  # pragma: no cover - compiled
+def sigmoid_f32_loop(x, out, silu, terms):  # pragma: no cover - compiled
     for i in range(x.size):
         xv = np.float64(x[i])
         v = -xv
@@ -176,7 +176,7 @@ def _sigmoid_f32_loop(x, out, silu, terms):  # pragma: no cover - compiled
 def _sigmoid_f32(x: np.ndarray, silu: bool) -> np.ndarray:
     flat = np.ascontiguousarray(x).reshape(-1)
     out = np.empty_like(flat)
-    _sigmoid_f32_loop(flat, out, silu, _EXP_TERMS)
+    sigmoid_f32_loop(flat, out, silu, EXP_TERMS)
     return out.reshape(x.shape)
 
 
