@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "mi
 import model as minilm  # noqa: E402
 
 from rlx_bake import BakeOptions, bake, load_safetensors  # noqa: E402
-from rlx_bake.passes.quant import quant_types  # noqa: E402
+from rlx_bake.quant_choice import quant_types  # noqa: E402
 from rlx_format import write_rlx  # noqa: E402
 from rlx_runtime import Session  # noqa: E402
 

@@ -8,7 +8,6 @@ import pytest
 from test_bake import f32
 from test_cli import bundle, invoke  # noqa: F401 - bundle is a fixture
 
-import rlx_bake.cli as cli
 from rlx_bake import PROFILES, BakeOptions, bake
 from rlx_bake.options import _check_flags
 from rlx_bake.passes import registry
@@ -53,8 +52,10 @@ def test_declaration_checks_catch_mistakes(monkeypatch):
 
 def test_cli_flags_come_from_the_stages(bundle, tmp_path, monkeypatch):  # noqa: F811
     seen = []
-    real = cli.bake_fn
-    monkeypatch.setattr(cli, "bake_fn", lambda g, w, opts, step: seen.append(opts) or real(g, w, opts, step))
+    import rlx_bake.pipeline as pipeline
+
+    real = pipeline.bake
+    monkeypatch.setattr(pipeline, "bake", lambda g, w, opts, step: seen.append(opts) or real(g, w, opts, step))
     for stage in STAGES:
         if stage.flag == "quant":
             continue

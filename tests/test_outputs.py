@@ -125,15 +125,15 @@ def _tripwire(*_a, **_k):
 
 # command -> (args builder, functions that must not run before the check)
 COMMANDS = {
-    "bake": (lambda i, p: [i["bundle"], "-o", p], ["rlx_bake.cli.load_graph", "rlx_bake.cli.resolve_password"]),
+    "bake": (lambda i, p: [i["bundle"], "-o", p], ["rlx_bake.loader.load_graph", "rlx_bake.cli.resolve_password"]),
     "bake-sealed": (lambda i, p: [i["bundle"], "-o", p, "--password-env", "PW", "--kdf", "fast"],
-                    ["rlx_bake.cli.load_graph", "rlx_bake.cli.resolve_password"]),
+                    ["rlx_bake.loader.load_graph", "rlx_bake.cli.resolve_password"]),
     "report-json": (lambda i, p: [i["bundle"], "-o", p.parent / "ok.rlx", "--report-json", p],
-                    ["rlx_bake.cli.load_graph"]),
+                    ["rlx_bake.loader.load_graph"]),
     "encrypt": (lambda i, p: ["encrypt", i["plain"], "-o", p, "--password-env", "PW", "--kdf", "fast"],
-                ["rlx_bake.cli.resolve_password", "rlx_bake.cli.encrypt_file"]),
+                ["rlx_bake.cli.resolve_password", "rlx_format.sealed.encrypt_file"]),
     "decrypt": (lambda i, p: ["decrypt", i["sealed"], "-o", p, "--password-env", "PW"],
-                ["rlx_bake.cli.resolve_password", "rlx_bake.cli.decrypt_file"]),
+                ["rlx_bake.cli.resolve_password", "rlx_format.sealed.decrypt_file"]),
     "run": (lambda i, p: ["run", i["plain"], "--input", f"x={i['x']}", "-o", p], ["rlx_bake.cli._open"]),
     "import-onnx": (lambda i, p: ["import-onnx", i["onnx"], "-o", p.parent], ["rlx_bake.onnx.import_onnx"]),
 }

@@ -10,7 +10,7 @@ from safetensors.numpy import save_file
 from test_bake import run_baked
 from test_cli import invoke
 
-import rlx_bake.passes.quant as quant_mod
+import rlx_bake.quant_choice as quant_mod
 from rlx_bake import BakeOptions, bake
 from rlx_format import GraphBuilder, RlxError
 from rlx_format.codecs import CODECS

@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields, replace
 from rlx_format.errors import RlxError
 from rlx_runtime.options import DEFAULT_FOLD_GROWTH_LIMIT, DEFAULT_FOLD_MIN_BYTES
 
-from .passes.quant import AUTO, DEFAULT_MIN_COSINE, DEFAULT_QUANT_TYPE, DENSE, check_quant_choice, quant_types
+from .quant_choice import AUTO, DEFAULT_MIN_COSINE, DEFAULT_QUANT_TYPE, DENSE, check_quant_choice, quant_types
 from .passes.registry import FLAGS, PROFILES
 
 DEFAULT_PROFILE = "exact"

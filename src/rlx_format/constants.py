@@ -23,3 +23,6 @@ HEADER_CONTAINER_ALLOWANCE = 4096  # ... plus this many (tiny headers)
 
 PLAIN_ENCODINGS = ("f32", "f16", "bf16", "f64", "i64", "i32", "i16", "i8", "u8", "bool")
 QUANT_ENCODINGS = {c.name: (c.block, c.nbytes) for c in CODECS.values()}  # block elems, block bytes (codecs.py)
+
+# RLXENC01 key-derivation presets by name (their parameters: rlx_format.sealed.KDF_PROFILES)
+KDF_PROFILE_NAMES = ("default", "fast", "strong")

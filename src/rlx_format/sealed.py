@@ -19,7 +19,7 @@ from argon2.low_level import Type, hash_secret_raw
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
-from .constants import PREAMBLE_BYTES, RLXBAKE_MAGIC, RLXENC_MAGIC
+from .constants import KDF_PROFILE_NAMES, PREAMBLE_BYTES, RLXBAKE_MAGIC, RLXENC_MAGIC
 from .container import RlxFile, file_layout, read_rlx_bytes, write_stream
 from .errors import DecryptError, FormatError, RlxError
 from .files import atomic_write, check_output_path, open_for_reading
@@ -64,6 +64,7 @@ class KdfParams:
 
 
 KDF_PROFILES = {"default": KdfParams(), "fast": KdfParams(8 << 10, 1, 1), "strong": KdfParams(256 << 10, 4, 4)}
+assert tuple(KDF_PROFILES) == KDF_PROFILE_NAMES
 
 
 @dataclass(frozen=True)

@@ -16,17 +16,33 @@ from pathlib import Path
 import click
 import numpy as np
 
-from rlx_format import (RlxError, is_encrypted, read_rlx, write_rlx, write_rlx_encrypted)
+from rlx_format.constants import KDF_PROFILE_NAMES
+from rlx_format.errors import RlxError
 from rlx_format.files import atomic_write, check_output_path, open_for_reading
-from rlx_format.sealed import KDF_PROFILES, decrypt_file, encrypt_file, read_seal_header
 
-from .display import markup_safe, plain, printable
-from ..loader import check_bundle_output, load_graph, write_bundle
 from ..options import AUTO, DEFAULT_MIN_COSINE, DEFAULT_PROFILE, DEFAULT_QUANT_TYPE, DENSE, PROFILES, BakeOptions
-from ..passes.quant import quant_types
 from ..passes.registry import PROFILE_HELP, STAGES
+from ..quant_choice import quant_types
+from .display import markup_safe, plain, printable
 from .passwords import password_options, resolve_password
-from ..pipeline import bake as bake_fn
+
+
+class _Lazy:
+    """A module imported on first attribute use: `rlx-bake --help` loads neither the bake pipeline, the
+    loaders nor the sealing libraries (cryptography, argon2)."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        import importlib
+        return getattr(importlib.import_module(self._name), attr)
+
+
+_sealed = _Lazy("rlx_format.sealed")
+_fmt = _Lazy("rlx_format")
+_loader = _Lazy("rlx_bake.loader")
+_pipeline = _Lazy("rlx_bake.pipeline")
 
 
 class DefaultGroup(click.Group):
@@ -144,7 +160,7 @@ _QUANT_HELP = next(s.help for s in STAGES if s.flag == "quant")
                    f"TYPE may be auto or {DENSE}).")
 @click.option("--strict", is_flag=True, help="Error if a param has no weight.")
 @password_options
-@click.option("--kdf", type=click.Choice(list(KDF_PROFILES)), default="default", show_default=True,
+@click.option("--kdf", type=click.Choice(list(KDF_PROFILE_NAMES)), default="default", show_default=True,
               help="Argon2id strength when sealing (default = RFC 9106 64 MiB, t=3, p=4).")
 @click.option("--report-json", type=click.Path(path_type=Path), help="Also write the bake report as JSON.")
 @click.pass_obj
@@ -166,17 +182,17 @@ def bake_cmd(state, input_path, output, weights, profile, quant_type, no_quant, 
         password = resolve_password(password_env, password_stdin, password_value, confirm=True)  # before the bake
         with progress(state, "baking") as step:
             step("loading")
-            graph, ws = load_graph(input_path, weights)
+            graph, ws = _loader.load_graph(input_path, weights)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                rf, report = bake_fn(graph, ws, opts, step)
+                rf, report = _pipeline.bake(graph, ws, opts, step)
             for w in caught:
                 click.echo(f"warning: {printable(str(w.message), newlines=True)}", err=True)
             step("writing")
             if password is not None:
-                write_rlx_encrypted(output, rf, password, KDF_PROFILES[kdf])
+                _sealed.write_rlx_encrypted(output, rf, password, _sealed.KDF_PROFILES[kdf])
             else:
-                write_rlx(output, rf)
+                _fmt.write_rlx(output, rf)
             if report_json is not None:
                 text = json.dumps(report.to_dict(), indent=1) + "\n"
                 atomic_write(report_json, lambda f: f.write(text.encode()))
@@ -223,11 +239,11 @@ def _wrote(state: State, what: str) -> None:
 
 
 def _password_for(path: Path, env, stdin, value) -> str | None:
-    return resolve_password(env, stdin, value, confirm=False) if is_encrypted(path) else None
+    return resolve_password(env, stdin, value, confirm=False) if _sealed.is_encrypted(path) else None
 
 
 def _open(path: Path, env, stdin, value, verify: bool = False):
-    return read_rlx(path, password=_password_for(path, env, stdin, value), verify=verify)
+    return _fmt.read_rlx(path, password=_password_for(path, env, stdin, value), verify=verify)
 
 
 @main.command("import-onnx")
@@ -239,9 +255,9 @@ def import_onnx_cmd(state, model, output):
     """Convert an ONNX model into a bundle directory (graph.json + weights.safetensors)."""
     from ..onnx import import_onnx
     with handled(state):
-        check_bundle_output(output)
+        _loader.check_bundle_output(output)
         graph, ws = import_onnx(model)
-        write_bundle(output, graph, ws)
+        _loader.write_bundle(output, graph, ws)
         _wrote(state, f"{output / 'graph.json'} and {output / 'weights.safetensors'} "
                       f"({len(graph.nodes)} nodes, {len(ws)} weights)")
 
@@ -254,8 +270,8 @@ def import_onnx_cmd(state, model, output):
 def inspect(state, path, password_env, password_stdin, password_value, as_json):
     """Show the graph, I/O, weight table and meta (sealed files: the header, or all with a password)."""
     with handled(state):
-        if is_encrypted(path) and password_env is None and not password_stdin and password_value is None:
-            h = read_seal_header(path)
+        if _sealed.is_encrypted(path) and password_env is None and not password_stdin and password_value is None:
+            h = _sealed.read_seal_header(path)
             info = {"file": str(path), "encrypted": True, "format": "RLXENC01", "kdf": "argon2id",
                     "memory_kib": h.kdf.memory_kib, "iterations": h.kdf.iterations, "lanes": h.kdf.lanes,
                     "chunk_size": h.chunk_size, "plaintext_bytes": h.length, "chunks": h.n_chunks}
@@ -329,7 +345,7 @@ def _op_counts(g) -> dict:
 @click.argument("src", type=click.Path(path_type=Path))
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path))
 @password_options
-@click.option("--kdf", type=click.Choice(list(KDF_PROFILES)), default="default", show_default=True)
+@click.option("--kdf", type=click.Choice(list(KDF_PROFILE_NAMES)), default="default", show_default=True)
 @click.pass_obj
 def encrypt(state, src, output, password_env, password_stdin, password_value, kdf):
     """Seal a plaintext .rlx file (streamed; any size)."""
@@ -338,9 +354,9 @@ def encrypt(state, src, output, password_env, password_stdin, password_value, kd
         pw = resolve_password(password_env, password_stdin, password_value, confirm=True)
         if pw is None:
             raise click.UsageError("encrypt needs a password: --password-env VAR, --password-stdin or --password")
-        if is_encrypted(src):
+        if _sealed.is_encrypted(src):
             raise RlxError(f"{src}: already encrypted")
-        encrypt_file(src, output, pw, KDF_PROFILES[kdf])
+        _sealed.encrypt_file(src, output, pw, _sealed.KDF_PROFILES[kdf])
         _wrote(state, str(output))
 
 
@@ -353,12 +369,12 @@ def decrypt(state, src, output, password_env, password_stdin, password_value):
     """Unseal to a plaintext .rlx file (writes plaintext to disk)."""
     with handled(state):
         check_output_path(output)
-        if not is_encrypted(src):
+        if not _sealed.is_encrypted(src):
             raise RlxError(f"{src}: not an encrypted rlx file (or missing)")
         pw = resolve_password(password_env, password_stdin, password_value, confirm=False)
         if pw is None:
             raise click.UsageError("decrypt needs a password: --password-env VAR, --password-stdin or --password")
-        decrypt_file(src, output, pw)
+        _sealed.decrypt_file(src, output, pw)
         _wrote(state, str(output))
 
 
@@ -434,7 +450,7 @@ def verify(state, path, against, weights, seed, inputs, shapes, password_env, pa
             if inputs or shapes:
                 raise click.UsageError("--input and --shape choose the inputs of --against; give --against SRC")
             return
-        graph, ws = load_graph(against, weights)
+        graph, ws = _loader.load_graph(against, weights)
         by_name = {v.name: v for v in graph.inputs}
         given = {}
         for spec in inputs:
@@ -487,7 +503,7 @@ def run(state, path, inputs, output, unpack, device, verify, password_env, passw
                 raise click.BadParameter(f"{spec!r}; expected NAME=FILE.npy", param_hint="--input")
             name, file = spec.split("=", 1)
             feeds[name] = _load_npy(name, file)
-        rf = read_rlx(path, password=password, verify=verify)
+        rf = _fmt.read_rlx(path, password=password, verify=verify)
         if output is not None:  # refuse before running, not after
             _check_npz_names(output, rf.graph.outputs)
         compiled = session.compile_with(rf, CompileOptions(unpack_quantized=True)) if unpack else session.compile(rf)

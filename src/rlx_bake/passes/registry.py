@@ -9,13 +9,8 @@ fold shares its group, not because the fold is listed twice.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
-
-from rlx_runtime.passes import AFFINE, DCE, DEDUPE, FOLD, FUSE, SIMPLIFY, Pass
-
-from .quant import quantize_weights
-from .skip_zero import skip_zero_matmuls
-from .ternary import pack_ternary_weights
 
 PROFILE_NAMES = ("merge", "fold", "exact", "size")
 PROFILE_HELP = {
@@ -26,29 +21,48 @@ PROFILE_HELP = {
 }
 
 
+def _resolve(spec):
+    """A pass given as "module:name" (a Pass object, or a (label, "module:function") pair) -> the Pass. The
+    passes are named, not imported, so the CLI can build its options without loading numpy-heavy code."""
+    from rlx_runtime.passes import Pass
+
+    if isinstance(spec, Pass):
+        return spec
+    label, where = (None, spec) if isinstance(spec, str) else spec
+    module, _, name = where.partition(":")
+    obj = getattr(importlib.import_module(module), name)
+    return obj if label is None else Pass(label, obj)
+
+
 @dataclass(frozen=True)
 class Stage:
     flag: str                    # BakeOptions field and CLI --flag/--no-flag
     help: str                    # CLI help
     profiles: tuple[str, ...]    # profiles that turn it on
-    passes: tuple[Pass, ...]     # run in this order; Pass.name is the progress label
+    pass_specs: tuple            # run in this order: "module:PASS" or (label, "module:function")
     group: str                   # consecutive stages of one group run to a fixed point together
     report: str | None = None    # BakeReport list that receives the passes' entries (JSON key, CLI count)
 
+    @property
+    def passes(self) -> tuple:
+        """The Pass objects (Pass.name is the progress label), imported on first use."""
+        return tuple(_resolve(p) for p in self.pass_specs)
 
+
+_RT = "rlx_runtime.passes:"
 STAGES: tuple[Stage, ...] = (
     Stage("fold", "Constant-fold weight-only subgraphs (and fold BatchNorm/Mul/Add into Conv and MatMul weights).",
-          ("fold", "exact", "size"), (AFFINE, FOLD), "fold"),
+          ("fold", "exact", "size"), (_RT + "AFFINE", _RT + "FOLD"), "fold"),
     Stage("skip", "Replace MatMuls with all-zero weights by zeros (IEEE caveat: NaN/Inf inputs give 0).",
-          ("exact", "size"), (Pass("skip-zero", skip_zero_matmuls),), "fold", "skipped"),
+          ("exact", "size"), (("skip-zero", "rlx_bake.passes.skip_zero:skip_zero_matmuls"),), "fold", "skipped"),
     Stage("ternary", "Pack exactly ternary MatMul weights losslessly (TQ1_0).",
-          ("exact", "size"), (Pass("ternary", pack_ternary_weights),), "ternary", "ternary"),
+          ("exact", "size"), (("ternary", "rlx_bake.passes.ternary:pack_ternary_weights"),), "ternary", "ternary"),
     Stage("quant", "Quantize (lossy) MatMul and Conv weights and embedding tables (--quant TYPE|auto).",
-          ("size",), (Pass("quant", quantize_weights),), "quant", "quant"),
+          ("size",), (("quant", "rlx_bake.passes.quant:quantize_weights"),), "quant", "quant"),
     Stage("simplify", "Algebraic simplification (x+0, x*1, Identity, Transpose pairs) and exact GELU/SiLU fusion.",
-          ("fold", "exact", "size"), (SIMPLIFY, FUSE), "clean"),
+          ("fold", "exact", "size"), (_RT + "SIMPLIFY", _RT + "FUSE"), "clean"),
     Stage("dce", "Remove unused nodes and duplicate constants.",
-          ("fold", "exact", "size"), (DCE, DEDUPE), "clean"),
+          ("fold", "exact", "size"), (_RT + "DCE", _RT + "DEDUPE"), "clean"),
 )
 FLAGS: tuple[str, ...] = tuple(s.flag for s in STAGES)
 PROFILES: dict[str, dict[str, bool]] = {p: {s.flag: p in s.profiles for s in STAGES} for p in PROFILE_NAMES}
