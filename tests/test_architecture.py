@@ -96,3 +96,19 @@ def test_no_module_imports_private_names_of_another():
     bad = sorted(f"{src} imports {dst}.{name}" for src, dst, name in _imports(mods)
                  if name and name.startswith("_") and not name.startswith("__") and dst in mods)
     assert bad == []
+
+
+def test_the_cli_starts_without_the_heavy_modules():
+    """`rlx-bake --help` stays quick because building the CLI loads none of these (they load when a command
+    runs); timing itself is benchmarked, not tested."""
+    import subprocess
+    import sys
+
+    heavy = ["numba", "rich", "cryptography", "argon2", "scipy", "onnx", "rlx_runtime.kernels", "rlx_bake.pipeline",
+             "rlx_format.quants", "rlx_format.sealed", "rlx_bake.passes.quant"]
+    code = ("import sys\nfrom click.testing import CliRunner\nfrom rlx_bake.cli import main\n"
+            "r = CliRunner().invoke(main, ['--help'])\nassert r.exit_code == 0, r.output\n"
+            f"print([m for m in {heavy!r} if m in sys.modules])")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "[]"
