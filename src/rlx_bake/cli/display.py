@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.markup import escape
 
 MAX_DEPTH = 32  # meta nested deeper than this is summarized (json/repr would hit the recursion limit)
 
@@ -26,6 +25,8 @@ def printable(text: str, *, newlines: bool = False) -> str:
 
 def markup_safe(value: Any) -> str:
     """Any value as text for rich: printable() and then markup-escaped (`[` can never open a tag)."""
+    from rich.markup import escape  # rich loads with the first table, not for --help
+
     return escape(printable(value if isinstance(value, str) else str(value)))
 
 
