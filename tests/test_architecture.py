@@ -112,3 +112,21 @@ def test_the_cli_starts_without_the_heavy_modules():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "[]"
+
+
+def test_a_relu_cnn_runs_without_loading_numba():
+    """numba's first load costs ~0.6 s per process; a plain Conv/Relu/pool CNN (ResNet's ops, fused or not)
+    must not pay it on its first forward."""
+    import subprocess
+    import sys
+
+    code = ("import sys, numpy as np\nfrom rlx_format import GraphBuilder\nfrom rlx_runtime import Session\n"
+            "g = GraphBuilder()\nx = g.input('x', 'f32', [1, 3, 16, 16])\n"
+            "w = g.constant(np.ones((8, 3, 3, 3), np.float32))\nb = g.constant(np.ones(8, np.float32))\n"
+            "h = g.relu(g.op('Conv', x, w, b, pads=[1, 1, 1, 1]))\n"
+            "g.output(g.op('GlobalAveragePool', g.relu(g.add(h, h)), name='y'))\n"
+            "c = Session().compile(g.build())\nassert 'FusedConv' in c.plan_ops(), c.plan_ops()\n"
+            "c.run({'x': np.ones((1, 3, 16, 16), np.float32)})\nprint('numba' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "False"

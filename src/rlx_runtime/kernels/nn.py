@@ -171,7 +171,12 @@ def _fused_conv(xp, a, x, w, b=None):
 
 @kernel("FusedConv", backend="cpu")
 def _fused_conv_cpu(xp, a, x, w, b=None):
-    """float32: the GEMM, then bias and activation in one numba pass over each output row."""
+    """Relu: the conv's own fresh result made non-negative in place (no numba: a CNN's first forward does not
+    pay numba's load). float32 Sigmoid/Silu/LeakyRelu/Clip: the GEMM, then bias and activation in one numba
+    pass over each output row. The values are the unfused ones either way."""
+    if a["activation"] == "Relu" and x.dtype.kind == "f":
+        y = _conv(xp, a, x, w, b)
+        return np.maximum(y, y.dtype.type(0), out=y)
     if x.dtype != np.float32:
         return _fused_conv(xp, a, x, w, b)
     from ..conv_kernels import bias_activation_
