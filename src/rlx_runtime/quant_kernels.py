@@ -297,8 +297,24 @@ def _decoder_kernels(dec: str, block: int, nbytes: int) -> tuple:
             lambda pk, n0, n1, buf: _block_rows(pk, n0, n1, buf, kind, block, nbytes))
 
 
+@numba.njit(cache=True, parallel=True, fastmath=_DOT_MATH)
+def _q8_0_gemv(x, pk, pk8, out):  # one input row: a 1-D accumulator the lane loop keeps in registers
+    nb = x.shape[1] // 32
+    xr = x[0]
+    for n in prange(pk.shape[0]):
+        prow = pk[n]
+        qrow = pk8[n]
+        acc = np.zeros(32, np.float32)
+        for b in range(nb):
+            o = b * 34
+            d = _half(prow[o], prow[o + 1])
+            for i in range(32):
+                acc[i] += d * (np.float32(qrow[o + 2 + i]) * xr[b * 32 + i])
+        out[0, n] = acc.sum()
+
+
 def q8_0_fused(x2, pk, out):
-    parallel_call(_q8_0_fused, x2, pk, pk.view(np.int8), out)
+    parallel_call(_q8_0_gemv if x2.shape[0] == 1 else _q8_0_fused, x2, pk, pk.view(np.int8), out)
 
 
 def tq2_0_fused(x2, pk, out):
