@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import env_note  # noqa: E402
 
 BENCHES = ["runtime_overhead", "onnx_vs_ort", "minilm", "quant_sizes", "real_models", "hoist", "pe_cache", "quants",
-           "load", "crypto", "bake"]
+           "load", "crypto", "bake", "cli_start"]
 
 
 def main(selected: list[str]) -> int:
