@@ -5,23 +5,11 @@ Names are imported on first use (PEP 562), so `rlx-bake --help` does not load th
 
 from __future__ import annotations
 
-import importlib
+from rlx_format.lazy import lazy_exports
 
 BakeProfile = str  # one of PROFILES: "merge" | "fold" | "exact" | "size"
 
 _WHERE = {"bake": "pipeline", "BakeOptions": "options", "PROFILES": "options", "BakeReport": "report",
           "load_graph": "loader", "load_safetensors": "weights"}
 __all__ = ["bake", "BakeOptions", "BakeProfile", "BakeReport", "load_graph", "load_safetensors", "PROFILES"]
-
-
-def __getattr__(name: str):
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'rlx_bake' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_WHERE))
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE, globals())

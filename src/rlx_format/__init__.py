@@ -5,7 +5,7 @@ Names are imported on first use (PEP 562): reading a graph does not load the sea
 
 from __future__ import annotations
 
-import importlib
+from .lazy import lazy_exports
 
 from .errors import DecryptError, EncryptedFileError, FormatError, GraphError, QuantError, RlxError
 
@@ -17,16 +17,4 @@ _WHERE = {
     "encrypt_file": "sealed", "decrypt_file": "sealed", "KdfParams": "sealed",
 }
 __all__ = [*_WHERE, "RlxError", "GraphError", "FormatError", "EncryptedFileError", "DecryptError", "QuantError"]
-
-
-def __getattr__(name: str):
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'rlx_format' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_WHERE))
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE, globals())

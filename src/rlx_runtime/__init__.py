@@ -6,7 +6,7 @@ kernels, numba or the compiler.
 
 from __future__ import annotations
 
-import importlib
+from rlx_format.lazy import lazy_exports
 
 _WHERE = {
     "Session": "session", "Device": "device", "to_host": "device", "CompileOptions": "options",
@@ -15,16 +15,4 @@ _WHERE = {
     "split_shape_invariant": "hoist", "specialize_params": "passes", "PECache": "pecache", "PECacheKey": "pecache",
 }
 __all__ = list(_WHERE)
-
-
-def __getattr__(name: str):
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'rlx_runtime' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_WHERE))
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE, globals())
