@@ -19,6 +19,7 @@ import pytest
 from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
+from test_onnx_import import _model, _vi
 
 from rlx_bake import BakeOptions, bake
 from rlx_bake.cli import main
@@ -33,17 +34,6 @@ R = np.random.default_rng(21)
 def _seeded(request):
     """Each test draws the same values whichever tests ran before it (R is shared with the tables below)."""
     R.bit_generator.state = np.random.default_rng(zlib.crc32(request.node.name.encode())).bit_generator.state
-
-
-def _model(nodes, inputs, outputs, inits=(), opset=17):
-    g = helper.make_graph(nodes, "m", inputs, outputs, initializer=list(inits))
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-    m.ir_version = 8
-    return m
-
-
-def _vi(name, shape, t=TensorProto.FLOAT):
-    return helper.make_tensor_value_info(name, t, shape)
 
 
 def _const(name, value):

@@ -1,5 +1,6 @@
-"""Lazy package namespaces (PEP 562): a package's public names imported on first use, so importing the
-package (or one light submodule of it) does not load every module behind its names."""
+"""Lazy imports: package namespaces whose public names are imported on first use (PEP 562), and modules
+imported on first attribute use, so importing a package (or building the CLI) does not load every module
+behind its names."""
 
 from __future__ import annotations
 
@@ -23,3 +24,13 @@ def lazy_exports(package: str, where: dict[str, str], namespace: dict) -> tuple[
         return sorted(set(namespace) | set(where))
 
     return __getattr__, __dir__
+
+
+class LazyModule:
+    """The module `name`, imported on first attribute access (then every access reads that module)."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str):
+        return getattr(importlib.import_module(self._name), attr)

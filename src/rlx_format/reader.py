@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
-from .constants import RLXENC_MAGIC
 from .container import RlxFile, read_plain
 from .errors import EncryptedFileError
-from .files import open_for_reading
 from .sealed import read_sealed
 
 
@@ -22,13 +19,9 @@ def read_rlx(path: str | os.PathLike, password: str | bytes | None = None, *, ve
     SIGBUS); replace it by rename, as write_rlx does. `mmap=False` reads the file into memory
     instead, for files on storage that others may rewrite. A sealed file is always decrypted into memory.
     """
-    path = Path(path)
-    with open_for_reading(path) as f:
-        sealed = f.read(8) == RLXENC_MAGIC
-    if not sealed:
-        return read_plain(path, verify=verify, mmap=mmap)
-    if password is None:
-        raise EncryptedFileError(
-            f"{path}: file is encrypted (RLXENC01); pass password=... to read_rlx, or --password-env VAR / "
-            "--password-stdin on the CLI")
+    try:
+        return read_plain(path, verify=verify, mmap=mmap)  # one open for the common case
+    except EncryptedFileError:
+        if password is None:
+            raise
     return read_sealed(path, password, verify=verify)

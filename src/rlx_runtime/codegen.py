@@ -54,9 +54,8 @@ def generate(plan) -> tuple[object, dict[int, int]]:
                    and types[name_of[first]] == types[st.name]
                    and types[st.name].rank > 0  # numpy hands back scalars, not buffers, for 0-d results
                    and st.ins.count(first) == 1
-                   and all(_fits(types[name_of[i]].shape, types[st.name].shape) for i in st.ins[1:]))
-        if facts.inplace_floats_only and types[st.name].dtype not in FLOAT_DTYPES:
-            inplace = False
+                   and all(_fits(types[name_of[i]].shape, types[st.name].shape) for i in st.ins[1:])
+                   and (types[st.name].dtype in FLOAT_DTYPES or not facts.inplace_floats_only))
         if inplace and facts.inplace in _INPLACE_CALLS:
             code = f"    v{st.out} = " + _INPLACE_CALLS[facts.inplace].format(*(f"v{i}" for i in st.ins))
         elif inplace:

@@ -19,6 +19,7 @@ import numpy as np
 from rlx_format.constants import KDF_PROFILE_NAMES
 from rlx_format.errors import RlxError
 from rlx_format.files import atomic_write, check_output_path, open_for_reading
+from rlx_format.lazy import LazyModule
 
 from ..options import AUTO, DEFAULT_MIN_COSINE, DEFAULT_PROFILE, DEFAULT_QUANT_TYPE, DENSE, PROFILES, BakeOptions
 from ..passes.registry import PROFILE_HELP, STAGES
@@ -27,22 +28,12 @@ from .display import markup_safe, plain, printable
 from .passwords import password_options, resolve_password
 
 
-class _Lazy:
-    """A module imported on first attribute use: `rlx-bake --help` loads neither the bake pipeline, the
-    loaders nor the sealing libraries (cryptography, argon2)."""
-
-    def __init__(self, name: str):
-        self._name = name
-
-    def __getattr__(self, attr: str):
-        import importlib
-        return getattr(importlib.import_module(self._name), attr)
-
-
-_sealed = _Lazy("rlx_format.sealed")
-_fmt = _Lazy("rlx_format")
-_loader = _Lazy("rlx_bake.loader")
-_pipeline = _Lazy("rlx_bake.pipeline")
+# imported when a command needs them: `rlx-bake --help` loads neither the bake pipeline, the loaders nor the
+# sealing libraries (cryptography, argon2)
+_sealed = LazyModule("rlx_format.sealed")
+_fmt = LazyModule("rlx_format")
+_loader = LazyModule("rlx_bake.loader")
+_pipeline = LazyModule("rlx_bake.pipeline")
 
 
 class DefaultGroup(click.Group):

@@ -1,7 +1,7 @@
 """Kernels: If, Loop, Scan (ONNX semantics) and Item (spec/ops.md, Control flow).
 
-Each body is planned once per array module (a Plan, with the same codegen as the outer graph) on its first
-use and kept in the step's attrs; every branch taken or iteration is one call of that sub-plan. A control
+Each body is planned once, when the enclosing Plan is built (plan.py puts the sub-plans, on the same backend
+and with the same codegen, in the step's attrs); every branch taken or iteration is one call of that sub-plan. A control
 node returns a tuple of arrays; Item picks one.
 
 A Loop runs until its trip count is reached or its condition turns false, as ONNX specifies: a trip count

@@ -165,7 +165,7 @@ def _conv(xp, a, x, w, b=None):
 def _fused_conv(xp, a, x, w, b=None):
     """Conv, then its activation: each op's own kernel on this backend, so the values are the unfused ones."""
     be = backend_of(xp)
-    y = be.kernel("Conv")(xp, a, x, w, *(() if b is None else (b,)))
+    y = be.kernel("Conv")(xp, a, x, w, b)
     return be.kernel(a["activation"])(xp, a, y)
 
 

@@ -3,7 +3,6 @@ numba kernels in quant_kernels.py; CUDA override: the fused GEMV of rlx_runtime.
 
 from __future__ import annotations
 
-
 from rlx_format.dtypes import compute_dtype
 
 from .. import packed as packed_blocks
