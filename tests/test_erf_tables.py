@@ -30,8 +30,13 @@ def test_shipped_tables_are_the_fit_bit_for_bit():
     np.testing.assert_array_equal(shipped_taylor, taylor)
     assert (erf_tables.LO, erf_tables.HI, erf_tables.WIDTH, erf_tables.DEG, erf_tables.TAYLOR_TERMS) == (
         fit.LO, fit.HI, fit.WIDTH, fit.DEG, fit.TAYLOR_TERMS)
+    small, big = fit.fit_fast(erf)
+    np.testing.assert_array_equal(ufuncs._P, small)
+    np.testing.assert_array_equal(ufuncs._Q, big)
+    assert (erf_tables.FAST_SPLIT, erf_tables.FAST_ONE, erf_tables.FAST_TOL) == (
+        fit.FAST_SPLIT, fit.FAST_ONE, fit.FAST_TOL)
     # the generated module is what the script writes today
-    assert pathlib.Path(erf_tables.__file__).read_text() == fit.render(polys, taylor)
+    assert pathlib.Path(erf_tables.__file__).read_text() == fit.render(polys, taylor, small, big)
 
 
 def test_tables_give_correctly_rounded_erf_on_a_sample():

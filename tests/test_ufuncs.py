@@ -23,6 +23,33 @@ def test_erf_f32_is_correctly_rounded_on_random_bit_patterns(seed):
     np.testing.assert_array_equal(erf(x), _correctly_rounded(x))  # NaN positions must match too
 
 
+def test_erf_f32_on_a_dense_stride_of_the_fast_paths_range():
+    """Every 97th float32 from 1e-4 to 4 (1.3e6 inputs, where the fast estimate decides or hands over), both
+    signs: an estimate that is less accurate than its margin, or a skipped redo, shows here."""
+    lo, hi = int(np.float32(1e-4).view(np.int32)), int(np.float32(4.0).view(np.int32))
+    x = np.arange(lo, hi, 97, dtype=np.int32).view(np.float32)
+    x = np.concatenate([x, -x])
+    np.testing.assert_array_equal(erf(x), _correctly_rounded(x))
+    np.testing.assert_array_equal(gelu_erf(x * np.float32(np.sqrt(2.0))), _unfused_gelu(x * np.float32(np.sqrt(2.0))))
+
+
+def _unfused_gelu(x):
+    return np.float32(0.5) * x * (np.float32(1) + _correctly_rounded(x / np.float32(np.sqrt(2.0))))
+
+
+def test_erf_fast_path_hands_over_few_and_the_redo_fixes_them():
+    from rlx_runtime import ufuncs
+
+    x = np.random.default_rng(1).uniform(-4, 4, 100_000).astype(np.float32)
+    out, (unsure, words) = np.empty_like(x), ufuncs._unsure_flags(x.size)
+    ufuncs._erf_fast_serial(x, out, unsure)
+    assert 0 < unsure[:x.size].mean() < 0.01  # the redo path runs, and rarely
+    want = _correctly_rounded(x)
+    assert (out[unsure[:x.size]] != want[unsure[:x.size]]).any()  # some estimates alone would misround
+    ufuncs._erf_redo(x, out, unsure, words, *ufuncs._tables())
+    np.testing.assert_array_equal(out, want)
+
+
 def test_erf_f32_dense_near_every_interval_edge():
     edges = np.arange(0.0, 6.75, 0.25, dtype=np.float32)
     x = np.concatenate([np.nextafter(edges, np.float32(-1)), edges, np.nextafter(edges, np.float32(9))]

@@ -3,9 +3,11 @@
 
 POLYS: per interval of |x|, monomial coefficients in t = (|x| - mid) / (WIDTH / 2), lowest first.
 TAYLOR: erf(x) = x * sum(TAYLOR[j] * x**(2 j)) for |x| < LO.
+FAST_SMALL, FAST_BIG: the fast estimate's polynomials (scripts/fit_erf_tables.py says where each holds).
 """
 
 LO, HI, WIDTH, DEG, TAYLOR_TERMS = 0.25, 6.0, 0.25, 11, 10
+FAST_SPLIT, FAST_ONE, FAST_TOL = 2.0, 3.92, 1e-10
 
 POLYS_HEX = (
     ("0x1.9dd0d2b721f3cp-2", "0x1.f5f0cdaf15350p-4", "-0x1.78749a435315dp-8", "-0x1.e106c51d70aabp-12", "0x1.5529abdc95554p-15", "0x1.7488baa5fffffp-20", "-0x1.9a79783555555p-23", "-0x1.65cb455555553p-29", "0x1.70da400000000p-31", "0x1.5eaaaaaaaaaabp-40", "-0x1.2200000000000p-39", "-0x1.0000000000000p-43"),
@@ -34,3 +36,7 @@ POLYS_HEX = (
 )
 
 TAYLOR_HEX = ("0x1.20dd750429b6dp+0", "-0x1.812746b0379e7p-2", "0x1.ce2f21a042be2p-4", "-0x1.b82ce31288b51p-6", "0x1.565bcd0e6a53fp-8", "-0x1.c02db40040b85p-11", "0x1.f9a326f9b89b7p-14", "-0x1.f4d25c3e0c2ebp-17", "0x1.b9e6c9dc651a2p-20", "-0x1.5f742ec43e71ap-23",)
+
+FAST_SMALL_HEX = ("0x1.5990d95f8c2b7p-1", "-0x1.0b60e85cb1b5dp-2", "0x1.e962f50de009cp-4", "-0x1.8ea53e248f95cp-5", "0x1.18a17c0e7ba7fp-6", "-0x1.571288d3fc2adp-8", "0x1.705608507acc8p-10", "-0x1.5f7252fd3d990p-12", "0x1.2d2ad9888a1a9p-14", "-0x1.d2bb93a635d8cp-17", "0x1.4ba7346d72727p-19", "-0x1.d16929ef2eebep-22", "0x1.1724e09403b54p-24",)
+
+FAST_BIG_HEX = ("0x1.fffc47a5c0db1p-1", "0x1.63d45203ab308p-13", "-0x1.f98fed62db554p-12", "0x1.c38a3366e3582p-11", "-0x1.19f2917c96222p-10", "0x1.020ea60daf16bp-10", "-0x1.5e44bb1f2dddep-11", "0x1.562827f173332p-12", "-0x1.a342798022223p-14", "0x1.4719005111113p-18", "0x1.ceb5b36666668p-17", "-0x1.119d164444445p-17", "0x1.cf775d5555558p-20", "0x1.0c625bbbbbbbcp-21", "-0x1.33ea99999999ap-22",)
