@@ -27,9 +27,6 @@ from rlx_format.errors import RlxError
 
 from .device import CUDA_EXTRA_HINT, Device
 
-_NO_SCOPE = contextlib.nullcontext()
-
-
 @dataclass(frozen=True, eq=False)
 class Backend:
     name: str                    # key of its kernel overrides: "cpu", "cuda"
@@ -69,9 +66,13 @@ class Backend:
         return a if self.host_arrays or isinstance(a, np.ndarray) else a.get()
 
     def scope(self) -> contextlib.AbstractContextManager:
-        """Makes this backend's device current for allocations and launches. A fresh context per call
-        (nothing on CPU), so concurrent runs from several threads do not share one."""
-        return _NO_SCOPE if self.host_arrays else self.xp.cuda.Device(self.index)
+        """The context a forward (or a weight upload) runs in: on CUDA it makes this backend's device current;
+        on the CPU it holds rlx's thread count for the forward (threads.py). A fresh context per call, so
+        concurrent runs from several threads do not share one."""
+        if self.host_arrays:
+            from .threads import forward_threads
+            return forward_threads()
+        return self.xp.cuda.Device(self.index)
 
 
 CPU = Backend("cpu", Device.CPU, np, host_arrays=True, inplace_ufuncs=True, fused_kernels=True)

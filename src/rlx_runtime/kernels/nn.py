@@ -15,6 +15,17 @@ from .registry import kernel, register
 register("MatMul", lambda xp, a, x, y: xp.matmul(x, y))
 
 
+@kernel("MatMul", backend="cpu")
+def _matmul_cpu(xp, a, x, y):
+    from ..threads import matmul  # split over the forward's threads
+    return matmul(x, y)
+
+
+def _gemm(xp, x, y):
+    """The backend's MatMul kernel, for the GEMMs inside other kernels (Conv, attention)."""
+    return backend_of(xp).kernel("MatMul")(xp, {}, x, y)
+
+
 @kernel("Trilu")
 def _trilu(xp, a, x):
     return xp.triu(x, a["k"]) if a["upper"] else xp.tril(x, a["k"])
@@ -150,7 +161,7 @@ def conv_nobias(xp, a, x, w):
         cols = _im2col(xp, x, k, strides, dil, pads, out_sp)
     cols = cols.reshape(n, g, (c // g) * math.prod(k), math.prod(out_sp))
     wg = w.reshape(g, o // g, (c // g) * math.prod(k))
-    return xp.matmul(wg[0] if g == 1 else wg, cols).reshape(n, o, *out_sp)  # (n, g, o/g, P) -> (n, o, *out)
+    return _gemm(xp, wg[0] if g == 1 else wg, cols).reshape(n, o, *out_sp)  # (n, g, o/g, P) -> (n, o, *out)
 
 
 @kernel("Conv")
@@ -315,7 +326,7 @@ def _groupnorm(xp, a, x, scale, bias):
 def _sdpa(xp, a, q, k, v, mask=None):
     t = q.dtype.type
     scale = a["scale"] if a["scale"] is not None else 1.0 / math.sqrt(q.shape[-1])
-    s = xp.matmul(q * t(scale), xp.swapaxes(k, -1, -2))  # scale the (smaller) q, not the scores
+    s = _gemm(xp, q * t(scale), xp.swapaxes(k, -1, -2))  # scale the (smaller) q, not the scores
     lq, lk = q.shape[-2], k.shape[-2]
     neg_inf = t(-np.inf)
     if a["causal"]:
@@ -327,4 +338,4 @@ def _sdpa(xp, a, q, k, v, mask=None):
     xp.exp(s, out=s)
     den = xp.sum(s, axis=-1, keepdims=True)
     s /= xp.where(den == 0, t(1), den)  # fully masked rows give zeros, not NaN
-    return xp.matmul(s, v)
+    return _gemm(xp, s, v)

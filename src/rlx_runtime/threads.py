@@ -1,0 +1,195 @@
+"""rlx's own threads for the CPU forward: large GEMMs split into chunks that the caller and a worker pool pull.
+
+Why not the BLAS's threads: OpenBLAS splits each call statically and waits for every one of its threads, so
+on a shared machine a descheduled thread costs a scheduler time slice per call (measured here, 2 cores with
+other processes running: a YOLO-like forward took 22 ms with one BLAS thread and 104 ms with two), and small
+GEMMs gain nothing from its split even on a quiet machine. Here the calling thread and the workers take
+chunks from a shared counter, so whoever runs takes the next one and a late thread delays at most its own
+chunk. Inside a forward the BLAS runs single-threaded.
+
+How many threads: as many as the BLAS is set to when the forward starts (OPENBLAS_NUM_THREADS, or
+threadpoolctl's `threadpool_limits`), which is how numpy users already choose them. `threads_in_use()`
+reports it. While any rlx forward runs, the process's BLAS is single-threaded (restored when the last ends).
+
+Each chunk is one BLAS call over the whole inner dimension, so every output element is the same dot product
+as in the unsplit call (bitwise equal with OpenBLAS: tests/test_threads.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+_MIN_SPLIT_WORK = 1 << 21  # multiply-adds below which one call beats the split (a few tens of us)
+_MIN_CHUNK = 64            # rows or columns per chunk
+_CHUNKS_PER_THREAD = 3     # enough chunks that a late thread is covered, few enough to pack operands rarely
+
+_lock = threading.Lock()
+_active = 0                # forwards running (any thread); the first saves the BLAS's setting, the last restores
+_saved = 1
+_blas: list | None = None  # threadpoolctl's BLAS controllers, found once
+_pool: ThreadPoolExecutor | None = None
+_pool_size = 0
+_local = threading.local()
+
+
+class _OpenBLAS:
+    """get/set of an OpenBLAS built with its own pthreads pool (numpy's wheels), whose thread count is
+    process-wide. Called directly: threadpoolctl's own setter ignores every thread but the one that first
+    set a limit, and a forward may run on any thread."""
+
+    def __init__(self, path: str):
+        import ctypes
+        lib = ctypes.CDLL(path)
+        for prefix, suffix in itertools.product(("", "scipy_"), ("", "64_", "_64")):
+            get = getattr(lib, f"{prefix}openblas_get_num_threads{suffix}", None)
+            if get is not None:
+                self.get, self.set = get, getattr(lib, f"{prefix}openblas_set_num_threads{suffix}")
+                return
+        raise LookupError(path)
+
+
+def _blas_controllers() -> list[_OpenBLAS]:
+    """The process's BLAS libraries rlx can hold single-threaded. Others (an OpenMP-threaded OpenBLAS, MKL, ...)
+    have per-thread limits rlx does not manage: with one of those loaded rlx leaves the BLAS alone and does
+    not split (the BLAS's own threads are used)."""
+    global _blas
+    if _blas is None:
+        try:
+            from threadpoolctl import threadpool_info
+            infos = [i for i in threadpool_info() if i["user_api"] == "blas"]
+            ok = all(i["internal_api"] == "openblas" and i.get("threading_layer") == "pthreads" for i in infos)
+            _blas = [_OpenBLAS(i["filepath"]) for i in infos] if ok else []
+        except Exception:  # noqa: BLE001 - no introspectable BLAS: rlx then runs one thread
+            _blas = []
+    return _blas
+
+
+@contextlib.contextmanager
+def forward_threads() -> Iterator[None]:
+    """The scope of one CPU forward: rlx's thread count is the BLAS's setting at entry; the BLAS runs
+    single-threaded inside. Reentrant, and safe for forwards on several threads at once."""
+    global _active, _saved
+    with _lock:
+        if _active == 0:
+            libs = _blas_controllers()
+            _saved = max([c.get() for c in libs], default=1)
+            if _saved > 1:
+                for c in libs:
+                    c.set(1)
+        _active += 1
+        threads = _saved
+    outer = getattr(_local, "threads", None)
+    _local.threads = threads
+    try:
+        yield
+    finally:
+        _local.threads = outer
+        with _lock:
+            _active -= 1
+            if _active == 0 and _saved > 1:
+                for c in _blas_controllers():
+                    c.set(_saved)
+
+
+def threads_in_use() -> int:
+    """Threads the current forward splits work over (1 outside a forward)."""
+    return getattr(_local, "threads", None) or 1
+
+
+def _executor(workers: int) -> ThreadPoolExecutor:
+    global _pool, _pool_size
+    with _lock:
+        if _pool is None or _pool_size < workers:
+            old, _pool, _pool_size = _pool, ThreadPoolExecutor(workers, thread_name_prefix="rlx"), workers
+            if old is not None:
+                old.shutdown(wait=False)
+        return _pool
+
+
+def run_chunks(count: int, fn: Callable[[int], None]) -> None:
+    """fn(0) .. fn(count - 1), pulled by the caller and up to threads_in_use() - 1 workers; the first
+    exception is raised here after every taken chunk has finished."""
+    workers = min(threads_in_use(), count) - 1
+    if workers <= 0:
+        for i in range(count):
+            fn(i)
+        return
+    counter = itertools.count()
+
+    def pull() -> None:
+        for i in counter:
+            if i >= count:
+                return
+            fn(i)
+
+    futures = [_executor(workers).submit(pull) for _ in range(workers)]
+    error = None
+    try:
+        pull()
+    except BaseException as e:  # noqa: BLE001 - re-raised once the workers are done
+        error = e
+    for f in futures:
+        try:
+            f.result()
+        except BaseException as e:  # noqa: BLE001
+            error = error or e
+    if error is not None:
+        raise error
+
+
+def _bounds(length: int, threads: int) -> list[int]:
+    chunks = max(1, min(threads * _CHUNKS_PER_THREAD, length // _MIN_CHUNK))
+    return [length * i // chunks for i in range(chunks + 1)]
+
+
+def _matmul_2d(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    m, n = a.shape[0], b.shape[1]
+    threads = threads_in_use()
+    if threads <= 1 or m * n * a.shape[1] < _MIN_SPLIT_WORK:
+        return np.matmul(a, b)
+    out = np.empty((m, n), np.result_type(a, b))
+    # each chunk packs the operand it does not split again: split the longer side, so that is the smaller one
+    if m >= n:
+        edges = _bounds(m, threads)
+        run_chunks(len(edges) - 1, lambda i: np.matmul(a[edges[i]:edges[i + 1]], b, out=out[edges[i]:edges[i + 1]]))
+    else:
+        edges = _bounds(n, threads)
+        run_chunks(len(edges) - 1,
+                   lambda i: np.matmul(a, b[:, edges[i]:edges[i + 1]], out=out[:, edges[i]:edges[i + 1]]))
+    return out
+
+
+def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """np.matmul(a, b), with float GEMMs split over the forward's threads. A stack of row blocks times one
+    matrix runs as one tall GEMM (the matrix is packed once, not once per block)."""
+    if (a.ndim < 2 or b.ndim < 2 or a.dtype != b.dtype or a.dtype not in (np.float32, np.float64)):
+        return np.matmul(a, b)
+    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    if math.prod(batch) == 1:
+        return _matmul_2d(a.reshape(m, k), b.reshape(k, n)).reshape(batch + (m, n))
+    if b.ndim == 2 and a.flags.c_contiguous:
+        return _matmul_2d(a.reshape(-1, k), b).reshape(a.shape[:-1] + (n,))
+    threads = threads_in_use()
+    if threads <= 1 or batch[0] < 2 or math.prod(batch) * m * n * k < _MIN_SPLIT_WORK:
+        return np.matmul(a, b)
+    out = np.empty(batch + (m, n), a.dtype)
+    # chunks along the leading batch axis; an operand without it (or with size 1 there) is broadcast whole
+    lead_a = a.ndim == out.ndim and a.shape[0] > 1
+    lead_b = b.ndim == out.ndim and b.shape[0] > 1
+    edges = [batch[0] * i // min(batch[0], threads * _CHUNKS_PER_THREAD)
+             for i in range(min(batch[0], threads * _CHUNKS_PER_THREAD) + 1)]
+
+    def chunk(i: int) -> None:
+        s = slice(edges[i], edges[i + 1])
+        np.matmul(a[s] if lead_a else a, b[s] if lead_b else b, out=out[s])
+
+    run_chunks(len(edges) - 1, chunk)
+    return out

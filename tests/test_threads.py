@@ -1,0 +1,157 @@
+"""rlx_runtime.threads: the forward's own threads. Split GEMMs equal the unsplit ones, the BLAS is single-threaded
+inside a forward and restored after it, and chunks are pulled dynamically (a stalled thread does not hold the rest)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from threadpoolctl import threadpool_info, threadpool_limits
+
+from rlx_runtime import threads
+from rlx_runtime.threads import forward_threads, matmul, run_chunks, threads_in_use
+
+
+def _blas_threads() -> int:
+    return max(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas")
+
+
+R = np.random.default_rng(0)
+
+
+def _f(*shape, dtype=np.float32):
+    return R.standard_normal(shape).astype(dtype)
+
+
+CASES = {
+    "tall 2-D (rows split)": (_f(1024, 96), _f(96, 200)),
+    "wide 2-D (columns split)": (_f(64, 300), _f(300, 2000)),
+    "conv-like: 2-D weights times one image's columns": (_f(48, 150), _f(1, 1, 150, 3000)),
+    "row blocks times one matrix (collapsed)": (_f(8, 128, 96), _f(96, 384)),
+    "batched, both with the leading axis": (_f(6, 4, 128, 64), _f(6, 4, 64, 128)),
+    "batched, weights broadcast": (_f(64, 100), _f(5, 1, 100, 700)),
+    "batched, size-1 leading axis broadcast": (_f(1, 3, 200, 64), _f(4, 3, 64, 300)),
+    "transposed view operand": (_f(700, 256).T, _f(700, 512)),
+    "float64": (_f(300, 200, dtype=np.float64), _f(200, 400, dtype=np.float64)),
+    "small (not split)": (_f(4, 8), _f(8, 5)),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_split_matmul_equals_numpy_bitwise(case, n):
+    a, b = CASES[case]
+    with threadpool_limits(limits=1, user_api="blas"):
+        want = np.matmul(a, b)  # one single-threaded BLAS call (OpenBLAS's own split can change the bits)
+    with threadpool_limits(limits=n, user_api="blas"), forward_threads():
+        assert threads_in_use() == n
+        got = matmul(a, b)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+
+
+def test_int_and_mixed_dtypes_fall_back_to_numpy():
+    a, b = R.integers(-5, 5, (300, 200)), R.integers(-5, 5, (200, 300))
+    with threadpool_limits(limits=2, user_api="blas"), forward_threads():
+        np.testing.assert_array_equal(matmul(a, b), a @ b)
+        np.testing.assert_array_equal(matmul(a.astype(np.float32), b.astype(np.float64)), a.astype(np.float32) @ b)
+
+
+def test_blas_is_single_threaded_inside_and_restored_after():
+    with threadpool_limits(limits=2, user_api="blas"):
+        with forward_threads():
+            assert _blas_threads() == 1 and threads_in_use() == 2
+            with forward_threads():  # nested (a control-flow body's plan)
+                assert _blas_threads() == 1 and threads_in_use() == 2
+            assert _blas_threads() == 1
+        assert _blas_threads() == 2 and threads_in_use() == 1
+    with threadpool_limits(limits=2, user_api="blas"):  # restored after an exception too
+        with pytest.raises(ValueError), forward_threads():
+            raise ValueError("boom")
+        assert _blas_threads() == 2
+
+
+def test_concurrent_forwards_restore_the_blas_once_the_last_ends():
+    inside, release = threading.Barrier(3), threading.Event()
+    seen = []
+
+    def forward():
+        with forward_threads():
+            seen.append(threads_in_use())
+            inside.wait()
+            release.wait()
+
+    with threadpool_limits(limits=2, user_api="blas"):
+        ts = [threading.Thread(target=forward) for _ in range(2)]
+        for t in ts:
+            t.start()
+        inside.wait()
+        assert _blas_threads() == 1
+        release.set()
+        for t in ts:
+            t.join()
+        assert seen == [2, 2] and _blas_threads() == 2
+
+
+def test_chunks_run_once_each_and_a_stalled_thread_does_not_hold_the_rest():
+    done, who = [], {}
+    lock = threading.Lock()
+
+    def fn(i):
+        if i == 0:
+            time.sleep(0.3)  # this thread stalls: the other takes every remaining chunk meanwhile
+        with lock:
+            done.append(i)
+            who.setdefault(threading.get_ident(), []).append(i)
+
+    with threadpool_limits(limits=2, user_api="blas"), forward_threads():
+        run_chunks(40, fn)
+    assert sorted(done) == list(range(40))
+    assert len(who) == 2
+    stalled = next(ids for ids in who.values() if 0 in ids)
+    assert stalled == [0]
+
+
+def test_the_first_error_is_raised_after_every_chunk_finished():
+    finished = []
+
+    def fn(i):
+        if i == 3:
+            raise RuntimeError("chunk 3")
+        time.sleep(0.001)
+        finished.append(i)
+
+    with threadpool_limits(limits=2, user_api="blas"), forward_threads():
+        with pytest.raises(RuntimeError, match="chunk 3"):
+            run_chunks(8, fn)
+    assert 3 not in finished and len(set(finished)) == len(finished)
+
+
+def test_outside_a_forward_nothing_is_split():
+    assert threads_in_use() == 1
+    calls = []
+    run_chunks(3, calls.append)
+    assert calls == [0, 1, 2]
+
+
+def test_a_conv_and_attention_graph_gives_the_same_bits_at_one_and_two_threads():
+    from rlx_format import GraphBuilder
+    from rlx_runtime import Session
+
+    g = GraphBuilder("t")
+    x = g.input("x", "f32", [2, 8, 40, 40])
+    y = g.op("Conv", x, g.constant(_f(32, 8, 3, 3)), pads=[1, 1, 1, 1])
+    r = g.op("Reshape", y, g.constant(np.array([2, 32, 1600], np.int64)))
+    q = g.op("Transpose", r, perm=[0, 2, 1])
+    att = g.op("ScaledDotProductAttention", q, q, q)
+    g.output(g.op("MatMul", att, g.constant(_f(32, 48))))
+    feeds = {"x": _f(2, 8, 40, 40)}
+    compiled = Session().compile(g.build())
+    outs = []
+    for n in (1, 2):
+        with threadpool_limits(limits=n, user_api="blas"):
+            outs.append(compiled.run(feeds)[compiled.output_names[0]])
+    np.testing.assert_array_equal(outs[0], outs[1])
+    assert threads._active == 0
