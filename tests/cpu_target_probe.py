@@ -91,11 +91,12 @@ def compute() -> dict[str, np.ndarray]:
         out["gelu"] = gelu_erf(f)
         out["sigmoid"] = sigmoid(f)
         out["silu"] = silu(f)
-        from rlx_runtime.conv_kernels import ACTIVATION_CODES, bias_activation_
-        rows = f[: f.size // 4 * 4].reshape(1, 4, -1)  # 4 output channels, each with its bias
+        from rlx_runtime.conv_kernels import ACTIVATION_CODES, bias_activation
+        rows = f[: f.size // 4 * 4].reshape(4, -1)  # 4 output channels, each with its bias
         for act in ACTIVATION_CODES:
-            out[f"fused_conv/{act}"] = bias_activation_(rows.copy(), np.array([0.0, -0.5, 1e-3, np.inf], np.float32),
-                                                        act, 0.1, -1.0, 2.0)
+            y = rows.copy()
+            bias_activation(np.array([0.0, -0.5, 1e-3, np.inf], np.float32), act, 0.1, -1.0, 2.0)(y, slice(0, 4))
+            out[f"fused_conv/{act}"] = y
         for to in ("i8", "u8", "i16", "i32", "i64"):
             out[f"cast/{to}"] = _run("Cast", [f], {"to": to})
             out[f"cast16/{to}"] = _run("Cast", [f.astype(np.float16)], {"to": to})

@@ -163,3 +163,16 @@ def test_other_float_dtypes_match_unfused(dtype, monkeypatch):
 def test_empty_batch():
     g = _graph((0, 3, 6, 6), (4, 3, 3, 3), {}, "Silu", {})
     assert Session().compile(g).run({"x": np.zeros((0, 3, 6, 6), np.float32)})["act"].shape == (0, 4, 4, 4)
+
+
+@pytest.mark.parametrize("xs,ws", [((1, 64, 10, 10), (300, 64, 3, 3)),  # rows split: each chunk has its own bias
+                                   ((1, 16, 64, 64), (32, 16, 3, 3)),   # columns split
+                                   ((3, 16, 24, 24), (32, 16, 3, 3))])  # images split
+def test_fused_equals_unfused_when_the_gemm_is_split_over_two_threads(xs, ws, monkeypatch):
+    from threadpoolctl import threadpool_limits
+
+    g = _graph(xs, ws, {"pads": [1, 1, 1, 1]}, "Sigmoid", {})
+    fused, ref = Session().compile(g), _unfused(g, monkeypatch)
+    feed = _inputs(xs)
+    with threadpool_limits(limits=2, user_api="blas"):
+        np.testing.assert_array_equal(fused.run({"x": feed})["act"], ref.run({"x": feed})["act"])

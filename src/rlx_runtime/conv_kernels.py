@@ -8,7 +8,7 @@ Silu call the very loop of ufuncs.py on the row), so the results are bitwise the
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -19,10 +19,11 @@ from .ufuncs import EXP_TERMS, sigmoid_f32_loop
 ACTIVATION_CODES = {"Relu": 0, "Sigmoid": 1, "Silu": 2, "LeakyRelu": 3, "Clip": 4}
 
 
-# error_model="numpy" as in ufuncs.py: no exception branch, so the row loops vectorize
-@numba.njit(cache=True, error_model="numpy")
+# error_model="numpy" as in ufuncs.py: no exception branch, so the row loops vectorize. nogil: chunks of one
+# conv run on several threads at once (threads.matmul)
+@numba.njit(cache=True, error_model="numpy", nogil=True)
 def _bias_act_rows(y, bias, has_bias, act, alpha, has_lo, lo, has_hi, hi, terms):  # pragma: no cover - compiled
-    """y: (n, o, P) float32 in place; bias: (o,)."""
+    """y: (n, o, P) float32 in place (any strides); bias: (o,)."""
     o = y.shape[1]
     tmp = np.empty(y.shape[2], np.float32)
     for r in range(y.shape[0] * o):
@@ -57,12 +58,19 @@ def _bias_act_rows(y, bias, has_bias, act, alpha, has_lo, lo, has_hi, hi, terms)
                 row[i] = v
 
 
-def bias_activation_(y: np.ndarray, bias: np.ndarray | None, activation: str, alpha: float,
-                     lo: float | None, hi: float | None) -> np.ndarray:
-    """Apply Conv's bias and then `activation` to the float32 (n, o, *out) array `y` in place."""
-    y3 = y.reshape(y.shape[0], y.shape[1], math.prod(y.shape[2:]))
-    b = np.zeros(1, np.float32) if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
-    _bias_act_rows(y3, b, bias is not None, ACTIVATION_CODES[activation], np.float32(alpha),
-                   lo is not None, np.float32(0 if lo is None else lo), hi is not None,
-                   np.float32(0 if hi is None else hi), EXP_TERMS)
-    return y
+def bias_activation(bias: np.ndarray | None, activation: str, alpha: float, lo: float | None,
+                    hi: float | None) -> Callable[[np.ndarray, slice], None]:
+    """The epilogue threads.matmul runs on each finished chunk of a conv's float32 GEMM output: Conv's bias,
+    then `activation`, in place. A chunk is (rows, columns) of one image's (o, P) product, or whole images
+    (..., o, P) with every channel (then `rows` is all of them)."""
+    b = np.zeros(1, np.float32) if bias is None else np.ascontiguousarray(bias, dtype=np.float32).reshape(-1)
+    args = (ACTIVATION_CODES[activation], np.float32(alpha), lo is not None, np.float32(0 if lo is None else lo),
+            hi is not None, np.float32(0 if hi is None else hi), EXP_TERMS)
+
+    def epilogue(chunk: np.ndarray, rows: slice) -> None:
+        if chunk.size == 0:
+            return
+        y3 = chunk[None] if chunk.ndim == 2 else chunk.reshape(chunk.shape[0], -1, chunk.shape[-1])
+        _bias_act_rows(y3, b[rows] if bias is not None else b, bias is not None, *args)
+
+    return epilogue

@@ -149,37 +149,59 @@ def _bounds(length: int, threads: int) -> list[int]:
     return [length * i // chunks for i in range(chunks + 1)]
 
 
-def _matmul_2d(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+Epilogue = Callable[[np.ndarray, slice], None]
+
+
+def _whole(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None) -> np.ndarray:
+    out = np.matmul(a, b)
+    if epilogue is not None:
+        epilogue(out, slice(0, out.shape[-2]))
+    return out
+
+
+def _matmul_2d(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None) -> np.ndarray:
     m, n = a.shape[0], b.shape[1]
     threads = threads_in_use()
     if threads <= 1 or m * n * a.shape[1] < _MIN_SPLIT_WORK:
-        return np.matmul(a, b)
+        return _whole(a, b, epilogue)
     out = np.empty((m, n), np.result_type(a, b))
     # each chunk packs the operand it does not split again: split the longer side, so that is the smaller one
     if m >= n:
         edges = _bounds(m, threads)
-        run_chunks(len(edges) - 1, lambda i: np.matmul(a[edges[i]:edges[i + 1]], b, out=out[edges[i]:edges[i + 1]]))
+
+        def chunk(i: int) -> None:
+            rows = slice(edges[i], edges[i + 1])
+            np.matmul(a[rows], b, out=out[rows])
+            if epilogue is not None:
+                epilogue(out[rows], rows)
     else:
         edges = _bounds(n, threads)
-        run_chunks(len(edges) - 1,
-                   lambda i: np.matmul(a, b[:, edges[i]:edges[i + 1]], out=out[:, edges[i]:edges[i + 1]]))
+
+        def chunk(i: int) -> None:
+            cols = slice(edges[i], edges[i + 1])
+            np.matmul(a, b[:, cols], out=out[:, cols])
+            if epilogue is not None:
+                epilogue(out[:, cols], slice(0, m))
+    run_chunks(len(edges) - 1, chunk)
     return out
 
 
-def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def matmul(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None = None) -> np.ndarray:
     """np.matmul(a, b), with float GEMMs split over the forward's threads. A stack of row blocks times one
-    matrix runs as one tall GEMM (the matrix is packed once, not once per block)."""
+    matrix runs as one tall GEMM (the matrix is packed once, not once per block). `epilogue(chunk, rows)`, if
+    given, runs in place on each finished output chunk on the thread that computed it: `chunk` is a view of
+    the output whose last two axes are rows `rows` of a's matrices and some of b's columns."""
     if (a.ndim < 2 or b.ndim < 2 or a.dtype != b.dtype or a.dtype not in (np.float32, np.float64)):
-        return np.matmul(a, b)
+        return _whole(a, b, epilogue)
     batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     if math.prod(batch) == 1:
-        return _matmul_2d(a.reshape(m, k), b.reshape(k, n)).reshape(batch + (m, n))
-    if b.ndim == 2 and a.flags.c_contiguous:
-        return _matmul_2d(a.reshape(-1, k), b).reshape(a.shape[:-1] + (n,))
+        return _matmul_2d(a.reshape(m, k), b.reshape(k, n), epilogue).reshape(batch + (m, n))
+    if b.ndim == 2 and a.flags.c_contiguous and epilogue is None:
+        return _matmul_2d(a.reshape(-1, k), b, None).reshape(a.shape[:-1] + (n,))
     threads = threads_in_use()
     if threads <= 1 or batch[0] < 2 or math.prod(batch) * m * n * k < _MIN_SPLIT_WORK:
-        return np.matmul(a, b)
+        return _whole(a, b, epilogue)
     out = np.empty(batch + (m, n), a.dtype)
     # chunks along the leading batch axis; an operand without it (or with size 1 there) is broadcast whole
     lead_a = a.ndim == out.ndim and a.shape[0] > 1
@@ -190,6 +212,8 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     def chunk(i: int) -> None:
         s = slice(edges[i], edges[i + 1])
         np.matmul(a[s] if lead_a else a, b[s] if lead_b else b, out=out[s])
+        if epilogue is not None:
+            epilogue(out[s], slice(0, m))
 
     run_chunks(len(edges) - 1, chunk)
     return out

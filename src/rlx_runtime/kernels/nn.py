@@ -128,7 +128,10 @@ def _im2col(xp, x, k, strides, dil, pads, out_sp):
     the window reads padding (no padded copy of x, no list of slices to stack)."""
     nsp = len(k)
     cols = xp.empty(x.shape[:2] + tuple(k) + tuple(out_sp), dtype=x.dtype)
-    for pos in np.ndindex(*k):
+    positions = list(np.ndindex(*k))
+
+    def copy(i: int) -> None:
+        pos = positions[i]
         dst = cols[(slice(None), slice(None)) + pos]
         src, inner = [], []
         for d in range(nsp):
@@ -143,11 +146,19 @@ def _im2col(xp, x, k, strides, dil, pads, out_sp):
             if hi < out_sp[d]:
                 dst[(slice(None), slice(None)) + (slice(None),) * d + (slice(hi, None),)] = 0
         dst[(slice(None), slice(None)) + tuple(inner)] = x[(slice(None), slice(None)) + tuple(src)]
+
+    if backend_of(xp).host_arrays and cols.size >= 1 << 16:  # numpy copies release the GIL: offsets go to threads
+        from ..threads import run_chunks
+        run_chunks(len(positions), copy)
+    else:
+        for i in range(len(positions)):
+            copy(i)
     return cols
 
 
-def conv_nobias(xp, a, x, w):
-    """Conv without its bias: a fresh contiguous (n, o, *out) array (the GEMM's own result)."""
+def conv_nobias(xp, a, x, w, epilogue=None):
+    """Conv without its bias: a fresh contiguous (n, o, *out) array (the GEMM's own result). `epilogue` (CPU
+    only) runs on each finished chunk of the GEMM's output, on the thread that computed it (threads.matmul)."""
     nsp = x.ndim - 2
     strides, dil, pads = _spatial(a, nsp)
     g = a["group"]
@@ -161,7 +172,13 @@ def conv_nobias(xp, a, x, w):
         cols = _im2col(xp, x, k, strides, dil, pads, out_sp)
     cols = cols.reshape(n, g, (c // g) * math.prod(k), math.prod(out_sp))
     wg = w.reshape(g, o // g, (c // g) * math.prod(k))
-    return _gemm(xp, wg[0] if g == 1 else wg, cols).reshape(n, o, *out_sp)  # (n, g, o/g, P) -> (n, o, *out)
+    wg = wg[0] if g == 1 else wg
+    if epilogue is None:
+        y = _gemm(xp, wg, cols)
+    else:
+        from ..threads import matmul
+        y = matmul(wg, cols, epilogue)
+    return y.reshape(n, o, *out_sp)  # (n, g, o/g, P) -> (n, o, *out)
 
 
 @kernel("Conv")
@@ -190,8 +207,8 @@ def _fused_conv_cpu(xp, a, x, w, b=None):
         return np.maximum(y, y.dtype.type(0), out=y)
     if x.dtype != np.float32:
         return _fused_conv(xp, a, x, w, b)
-    from ..conv_kernels import bias_activation_
-    return bias_activation_(conv_nobias(xp, a, x, w), b, a["activation"], a["alpha"], a["min"], a["max"])
+    from ..conv_kernels import bias_activation
+    return conv_nobias(xp, a, x, w, bias_activation(b, a["activation"], a["alpha"], a["min"], a["max"]))
 
 
 @kernel("ConvTranspose")
