@@ -71,12 +71,12 @@ class Pass:
 
 def _fold(graph: Graph, ctx: PassContext) -> PassResult:
     r, o = ctx.report, ctx.options
-    folded, n_refused = r.folded, len(r.fold_refused)
+    folded, n_refused, inlined = r.folded, len(r.fold_refused), len(r.inlined)
     g = constant_fold(graph, r, o.fold_growth_limit, o.fold_min_bytes, o.fold_memory_budget)
     seen = {(x["node"], x["reason"]) for x in r.fold_refused[:n_refused]}
     fresh = [x for x in r.fold_refused[n_refused:] if (x["node"], x["reason"]) not in seen]
     r.fold_refused[n_refused:] = fresh  # a rerun refuses the same boundaries again: list each once
-    return PassResult(g, r.folded > folded)
+    return PassResult(g, r.folded > folded or len(r.inlined) > inlined, notes=r.inlined[inlined:])
 
 
 def _affine(graph: Graph, ctx: PassContext) -> PassResult:
