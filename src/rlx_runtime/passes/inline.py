@@ -76,23 +76,51 @@ def _inline_if(graph: Graph, n: Node, key: str, taken: set[str]) -> list[Node]:
     return nodes
 
 
-def _skip_loop(graph: Graph, n: Node) -> list[Node] | None:
-    """The nodes replacing a Loop of no iterations: its carried results are the initial values; a scan output is an
-    empty tensor (only when its per-iteration shape is static)."""
+def _skip_loop(graph: Graph, n: Node, taken: set[str]) -> list[Node]:
+    """The nodes replacing a Loop of no iterations: its carried results are the initial values; a scan output is
+    empty, its other dims the body's declared ones (a symbol bound by a body input is that operand's dim, read with
+    Shape where it is not static; an unbound one is 0), as the kernel gives (spec/ops.md, Loop)."""
     body = n.attrs["body"]
     k0 = len(n.attrs["optional"])
     n_carried = len(body.inputs) - 2 - n.attrs["num_captures"]
-    items = _items(graph, n.name)
+    operands = dict(zip((v.name for v in body.inputs[2:]), n.inputs[k0:]))
+    bound: dict[str, tuple[str, int]] = {}
+    for v in body.inputs[2:]:
+        for pos, d in enumerate(v.shape):
+            if isinstance(d, str):
+                bound.setdefault(d, (operands[v.name], pos))
     out: list[Node] = []
-    for m in items:
+    for m in _items(graph, n.name):
         i = m.attrs["index"]
-        if i >= n_carried:
-            t = body.types[body.outputs[1 + i]]
-            if not t.is_static():
-                return None
-            out.append(Node(m.name, "ConstantOfShape", [], {"shape": [0, *t.shape], "value": 0.0, "dtype": t.dtype}))
-        else:
+        if i < n_carried:
             out.append(Node(m.name, "Identity", [n.inputs[k0 + i]]))
+            continue
+        t = body.types[body.outputs[1 + i]]
+        dims = [0]
+        for d in t.shape:
+            if isinstance(d, str) and d in bound:
+                src, pos = bound[d]
+                d = graph.types[src].shape[pos]
+                if isinstance(d, str):  # known only at run time: from the operand's shape
+                    dims.append((src, pos))
+                    continue
+            dims.append(d if isinstance(d, int) else 0)
+        attrs = {"value": 0.0, "dtype": t.dtype}
+        if all(isinstance(d, int) for d in dims):
+            out.append(Node(m.name, "ConstantOfShape", [], {"shape": dims, **attrs}))
+            continue
+        pieces = []
+        for j, d in enumerate(dims):
+            if isinstance(d, int):
+                pieces.append(unique_name(f"{m.name}/dim{j}", taken))
+                graph.constants[pieces[-1]] = Value(pieces[-1], "i64", (1,), np.array([d], np.int64))
+            else:
+                shape = unique_name(f"{m.name}/shape{j}", taken)
+                pieces.append(unique_name(f"{m.name}/dim{j}", taken))
+                out += [Node(shape, "Shape", [d[0]]), Node(pieces[-1], "Slice", [shape],
+                                                            {"starts": [d[1]], "ends": [d[1] + 1]})]
+        shape = unique_name(f"{m.name}/shape", taken)
+        out += [Node(shape, "Concat", pieces, {"axis": 0}), Node(m.name, "ConstantOfShape", [shape], attrs)]
     return out
 
 
@@ -105,7 +133,7 @@ def _one_level(graph: Graph, report, where: str) -> None:
             new = _inline_if(graph, n, key, taken)
             what = f"If {where}{n.name}: condition known, {key} inlined"
         elif n.op == "Loop" and _never_runs(graph, n):
-            new = _skip_loop(graph, n)
+            new = _skip_loop(graph, n, taken)
             what = f"Loop {where}{n.name}: runs no iteration, replaced by its initial values"
         if new is None:
             continue
