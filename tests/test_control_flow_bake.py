@@ -63,6 +63,11 @@ def _ort(tmp_path, model=None):
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
+def _in_file(path, a) -> bool:
+    """Whether the bytes of array `a` are stored in the file (a weight left behind)."""
+    return a.tobytes() in path.read_bytes()
+
+
 def _ops_everywhere(graph):
     return [(where, n.op) for n, where, _ in resolve_all(graph)]
 
@@ -94,8 +99,7 @@ def test_an_if_on_a_weight_derived_condition_is_inlined_and_the_untaken_branch_l
     assert [n.op for n in rf.graph.nodes] == (["MatMul"] if sign > 0 else ["Add"])
     (stored,) = rf.weights.values()  # the taken branch's weight only; its Transpose folded after the inlining
     np.testing.assert_array_equal(stored.array(), then_w.T if sign > 0 else else_w)
-    data = path.read_bytes()
-    assert (then_w if sign < 0 else else_w).tobytes() not in data  # the untaken weight's bytes are gone
+    assert not _in_file(path, then_w if sign < 0 else else_w)  # the untaken weight's bytes are gone
     assert any("inlined" in note for note in rep.notes)
     sess = _ort(tmp_path)
     compiled = Session().compile(rf)
@@ -126,6 +130,28 @@ def test_an_if_on_a_shape_that_only_the_bake_folds_is_inlined(tmp_path):
         x = R.standard_normal((b, 4)).astype(np.float32)
         np.testing.assert_allclose(Session().compile(rf).run({"x": x})["y"], sess.run(None, {"x": x})[0],
                                    rtol=1e-6, atol=1e-6)
+
+
+def test_the_fold_goes_on_after_inlining(tmp_path):
+    """The If's result is a weight-derived scale; Exp of it (outside the If) folds only once the If is gone."""
+    w1, w2 = R.standard_normal(4).astype(np.float32), R.standard_normal(4).astype(np.float32)
+    then_g = _branch("then", [helper.make_node("ReduceMean", ["w1"], ["t_s"], keepdims=1)], "t_s")
+    else_g = _branch("else", [helper.make_node("ReduceMean", ["w2"], ["e_s"], keepdims=1)], "e_s")
+    nodes = [helper.make_node("ReduceSum", ["gate"], ["s"], keepdims=0),
+             helper.make_node("Greater", ["s", "zero"], ["cond"]),
+             helper.make_node("If", ["cond"], ["scale"], then_branch=then_g, else_branch=else_g),
+             helper.make_node("Exp", ["scale"], ["e"]),
+             helper.make_node("Mul", ["x", "e"], ["y"])]
+    model = _model(nodes, [_vi("x", F, ["b", 4])], [_vi("y", F, ["b", 4])],
+                   [_init("gate", np.ones(2, np.float32)), _init("zero", np.array(0, np.float32)),
+                    _init("w1", w1), _init("w2", w2)])
+    _, rf, _, _ = _bake(tmp_path, model)
+    assert [n.op for n in rf.graph.nodes] == ["Mul"]
+    (stored,) = rf.weights.values()
+    np.testing.assert_allclose(stored.array(), np.exp(w1.mean(keepdims=True)), rtol=1e-6)
+    x = R.standard_normal((3, 4)).astype(np.float32)
+    np.testing.assert_allclose(Session().compile(rf).run({"x": x})["y"], _ort(tmp_path).run(None, {"x": x})[0],
+                               rtol=1e-6)
 
 
 def _loop_with_if(gate, m_init=None):
@@ -160,7 +186,7 @@ def test_an_if_nested_in_a_loop_body_on_a_captured_weight_is_inlined_in_the_body
     ops = [n.op for n in loop.attrs["body"].nodes]
     assert "If" not in ops and ("MatMul" in ops) == (sign > 0) and ("Add" in ops) == (sign < 0)
     assert any("loop" in note and "inlined" in note for note in rep.notes)
-    assert (bias if sign > 0 else wa).tobytes() not in path.read_bytes()
+    assert not _in_file(path, bias if sign > 0 else wa)
     sess = _ort(tmp_path)
     compiled = Session().compile(rf)
     for b, m in ((1, 3), (4, 1)):  # (onnxruntime gives a zero-trip scan output other dims than the spec)
@@ -175,7 +201,7 @@ def test_a_loop_with_a_known_trip_count_of_zero_becomes_its_initial_values(tmp_p
     _, rf, rep, path = _bake(tmp_path, model)
     assert not [op for _, op in _ops_everywhere(rf.graph) if op in CONTROL_OPS]
     assert all(w.dtype == "i64" for w in rf.weights.values())  # Wa, bias, gate, ... are gone (the i64: hs's shape)
-    assert wa.tobytes() not in path.read_bytes()
+    assert not _in_file(path, wa)
     assert any("runs no iteration" in note for note in rep.notes)
     graph, weights = import_onnx(tmp_path / "m.onnx")
     looped = Session().compile(bake(graph, weights, BakeOptions.from_profile("merge"))[0])  # the Loop kernel
@@ -283,7 +309,7 @@ def test_skip_zero_and_ternary_apply_inside_if_branches(tmp_path):
     assert rep.skipped == [f"{node.name}.then_branch/then_y"] and rep.ternary == [f"{node.name}.else_branch/else_w"]
     (wr,) = [w for w in rep.weights if w.encoding == "gguf_tq1_0"]
     assert "'else_w'" in rf.weights[wr.name].note and wr.bytes_before == else_w.nbytes
-    assert else_w.tobytes() not in path.read_bytes()  # only the packed copy is stored
+    assert not _in_file(path, else_w)  # only the packed copy is stored
     sess = _ort(tmp_path)
     compiled = Session().compile(rf)
     for b in (1, 4):
@@ -340,8 +366,7 @@ def test_q8_0_applies_inside_a_scan_body_and_an_if_nested_in_it(tmp_path):
     assert sorted(rep.quant) == [f"{scan}.body/{node.name}.then_branch/w_inner", f"{scan}.body/w_outer"]
     packed = {w.name: w for w in rep.weights if w.encoding == "gguf_q8_0"}
     assert len(packed) == 2 and all(w.bytes_after == K * K // 32 * 34 and w.cosine > 0.9999 for w in packed.values())
-    data = path.read_bytes()
-    assert w_outer.tobytes() not in data and w_inner.tobytes() not in data
+    assert not _in_file(path, w_outer) and not _in_file(path, w_inner)
     # the oracle: the same model with each weight replaced by its Q8_0 round trip (what DequantMatMul computes)
     deq = [dequantize_q8_0(quantize_q8_0(np.ascontiguousarray(w.T))).T.copy() for w in (w_outer, w_inner)]
     sess, exact = _ort(tmp_path), _ort(tmp_path, _scan_with_if(*deq))
