@@ -132,6 +132,31 @@ def test_an_if_on_a_shape_that_only_the_bake_folds_is_inlined(tmp_path):
                                    rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("pick", ["gather", "slice"])
+def test_an_if_on_a_static_dim_of_a_symbolic_shape_is_inlined(tmp_path, pick):
+    """cond = Shape(x)[1] == 4 with x [b, 4]: x's shape is not static, the dim it picks is."""
+    w = R.standard_normal((4, 4)).astype(np.float32)
+    then_g = _branch("then", [helper.make_node("MatMul", ["x", "W"], ["then_y"])], "then_y")
+    else_g = _branch("else", [helper.make_node("Neg", ["x"], ["else_y"])], "else_y")
+    get = (helper.make_node("Gather", ["s", "one"], ["d"], axis=0) if pick == "gather" else
+           helper.make_node("Slice", ["s", "one", "two"], ["d"]))
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), get,
+             helper.make_node("Equal", ["d", "four"], ["cond"]),  # [] or [1]: one value either way
+             helper.make_node("If", ["cond"], ["y"], then_branch=then_g, else_branch=else_g)]
+    one = np.array(1 if pick == "gather" else [1], np.int64)
+    model = _model(nodes, [_vi("x", F, ["b", 4])], [_vi("y", F, ["b", 4])],
+                   [_init("W", w), _init("one", one), _init("two", np.array([2], np.int64)),
+                    _init("four", np.array(4, np.int64))])
+    graph, rf, _, _ = _bake(tmp_path, model)
+    assert "If" in [n.op for n in graph.nodes]
+    assert [n.op for n in rf.graph.nodes] == ["MatMul"]
+    sess = _ort(tmp_path)
+    for b in (1, 3, 6):
+        x = R.standard_normal((b, 4)).astype(np.float32)
+        np.testing.assert_allclose(Session().compile(rf).run({"x": x})["y"], sess.run(None, {"x": x})[0],
+                                   rtol=1e-6, atol=1e-6)
+
+
 def test_the_fold_goes_on_after_inlining(tmp_path):
     """The If's result is a weight-derived scale; Exp of it (outside the If) folds only once the If is gone."""
     w1, w2 = R.standard_normal(4).astype(np.float32), R.standard_normal(4).astype(np.float32)

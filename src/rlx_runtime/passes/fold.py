@@ -11,7 +11,8 @@ from __future__ import annotations
 from rlx_format.graph import Graph
 
 from ..bodies import lift_known_work
-from .evaluate import fold_known
+from .evaluate import fold_known, pick_static_dims
+from .inbodies import everywhere
 from .inline import inline_known_control
 from .report import PassReport
 
@@ -21,6 +22,7 @@ def constant_fold(graph: Graph, report=None, growth_limit: float | None = 16, mi
     """growth_limit None: fold whatever fits the memory budget (compile-time precompute: nothing is written)."""
     report = report if report is not None else PassReport()
     while True:
+        graph = everywhere(graph, lambda g, _: pick_static_dims(g, report))
         graph = lift_known_work(graph)  # known work inside If/Loop/Scan bodies moves out, to be folded here
         graph = fold_known(graph, report, growth_limit=growth_limit, min_bytes=min_bytes, budget=budget)
         inlined = len(report.inlined)
