@@ -157,6 +157,23 @@ def test_an_if_on_a_static_dim_of_a_symbolic_shape_is_inlined(tmp_path, pick):
                                    rtol=1e-6, atol=1e-6)
 
 
+def test_an_if_on_a_symbolic_dim_stays_an_if(tmp_path):
+    """cond = Shape(x)[0] == 3 with x [b, 4]: known only per forward, so both branches stay."""
+    then_g = _branch("then", [helper.make_node("Neg", ["x"], ["then_y"])], "then_y")
+    else_g = _branch("else", [helper.make_node("Exp", ["x"], ["else_y"])], "else_y")
+    nodes = [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Gather", ["s", "zero"], ["d"], axis=0),
+             helper.make_node("Equal", ["d", "three"], ["cond"]),
+             helper.make_node("If", ["cond"], ["y"], then_branch=then_g, else_branch=else_g)]
+    model = _model(nodes, [_vi("x", F, ["b", 4])], [_vi("y", F, ["b", 4])],
+                   [_init("zero", np.array(0, np.int64)), _init("three", np.array(3, np.int64))])
+    _, rf, _, _ = _bake(tmp_path, model)
+    assert "If" in [n.op for n in rf.graph.nodes]
+    sess, compiled = _ort(tmp_path), Session().compile(rf)
+    for b in (2, 3):
+        x = R.standard_normal((b, 4)).astype(np.float32)
+        np.testing.assert_allclose(compiled.run({"x": x})["y"], sess.run(None, {"x": x})[0], rtol=1e-6)
+
+
 def test_the_fold_goes_on_after_inlining(tmp_path):
     """The If's result is a weight-derived scale; Exp of it (outside the If) folds only once the If is gone."""
     w1, w2 = R.standard_normal(4).astype(np.float32), R.standard_normal(4).astype(np.float32)
