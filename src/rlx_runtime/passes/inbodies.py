@@ -17,7 +17,10 @@ from dataclasses import dataclass, field
 from rlx_format.graph import Graph, Node, Value, unique_name
 from rlx_format.ops import CONTROL_OPS, body_attrs
 
-from ..bodies import _n_captures
+
+def n_captures(n: Node) -> int:
+    """How many of a control node's inputs are captures (its last ones; spec/ops.md, Control flow)."""
+    return len(n.inputs) - 1 if n.op == "If" else n.attrs["num_captures"]
 
 
 @dataclass
@@ -30,7 +33,7 @@ class BodyView:
 
 def _view(graph: Graph, n: Node, key: str, where: str) -> BodyView:
     body = n.attrs[key]
-    c = _n_captures(n)
+    c = n_captures(n)
     first = len(body.inputs) - c
     inputs = list(body.inputs[:first])
     consts = [Value(v.name, v.dtype, tuple(v.shape), v.value) for v in body.constants.values()]
@@ -52,7 +55,7 @@ def _reads(g: Graph) -> set[str]:
 
 def _put_back(graph: Graph, n: Node, views: dict[str, BodyView], taken: set[str]) -> None:
     """Rebuild n's bodies from the views, all with one capture list (If branches share theirs)."""
-    c = _n_captures(n)
+    c = n_captures(n)
     outer_caps = n.inputs[len(n.inputs) - c:]
     old = {k: n.attrs[k] for k in views}
     reads = {k: _reads(v.graph) for k, v in views.items()}
@@ -124,7 +127,7 @@ def resolve_all(graph: Graph) -> Iterator[tuple[Node, str, Callable[[str], str |
             yield n, where, up
             if n.op not in CONTROL_OPS:
                 continue
-            c = _n_captures(n)
+            c = n_captures(n)
             outer = n.inputs[len(n.inputs) - c:]
             for k in body_attrs(n.op):
                 body = n.attrs[k]
