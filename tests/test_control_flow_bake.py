@@ -277,7 +277,9 @@ def test_param_bindings_at_compile_inline_an_if_too():
         np.testing.assert_allclose(cg.run({"x": x_val})["y"], want, rtol=1e-6)
 
 
-def test_torch_script_if_on_a_weight_derived_value_is_inlined(tmp_path):
+@pytest.mark.parametrize("guard", ["weight", "shape"])
+def test_torch_script_if_on_a_weight_or_a_static_dim_is_inlined(tmp_path, guard):
+    """`if self.gate.sum() > 0` (a weight) and `if x.shape[1] == 4` (a static dim of a dynamic-batch input)."""
     torch = pytest.importorskip("torch")
 
     class Gated(torch.nn.Module):
@@ -293,18 +295,32 @@ def test_torch_script_if_on_a_weight_derived_value_is_inlined(tmp_path):
                 y = x * 3.0
             return y
 
+    class Guarded(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            if x.shape[1] == 4:
+                y = self.lin(x)
+            else:
+                y = x * 3.0
+            return y
+
     torch.manual_seed(0)
     p = tmp_path / "m.onnx"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(torch.jit.script(Gated()), (torch.randn(3, 4),), str(p), dynamo=False,
-                          input_names=["x"], output_names=["y"], dynamic_axes={"x": {0: "b"}}, opset_version=17)
+        module = torch.jit.script(Gated() if guard == "weight" else Guarded())
+        torch.onnx.export(module, (torch.randn(3, 4),), str(p), dynamo=False, input_names=["x"], output_names=["y"],
+                          dynamic_axes={"x": {0: "b"}}, opset_version=17)
     model = onnx.load(str(p))
     if "If" not in [n.op_type for n in model.graph.node]:
-        pytest.skip("this torch exported no If for the weight-derived branch")
+        pytest.skip("this torch exported no If for the branch")
     graph, rf, _, _ = _bake(tmp_path, model)
     assert "If" in [n.op for n in graph.nodes]
-    assert not [op for _, op in _ops_everywhere(rf.graph) if op in CONTROL_OPS]
+    ops = [op for _, op in _ops_everywhere(rf.graph)]
+    assert not [op for op in ops if op in CONTROL_OPS] and "MatMul" in ops  # the Linear branch
     sess = _ort(tmp_path)
     for b in (1, 5):
         x = R.standard_normal((b, 4)).astype(np.float32)
@@ -443,3 +459,27 @@ def test_baked_bodies_match_the_unrewritten_graph(tmp_path):
     for c in (True, False):
         feeds = {"x": R.standard_normal((3, K)).astype(np.float32), "cond": np.array(c)}
         np.testing.assert_allclose(baked.run(feeds)["y"], plain.run(feeds)["y"], rtol=1e-5, atol=1e-4)
+
+
+def test_a_per_column_scale_after_a_body_matmul_folds_into_its_weight(tmp_path):
+    """Scan body: h <- tanh((h @ W) * s + x_t), W and s weights of the main graph: the affine fold works in the body,
+    the weight arithmetic it emits is lifted out and folded, so the file stores W * s and the body has no Mul."""
+    w, scale = R.standard_normal((6, 6)).astype(np.float32), R.standard_normal(6).astype(np.float32)
+    body = helper.make_graph([helper.make_node("MatMul", ["h", "W"], ["hw"]),
+                              helper.make_node("Mul", ["hw", "s"], ["hws"]),
+                              helper.make_node("Add", ["hws", "xt"], ["pre"]),
+                              helper.make_node("Tanh", ["pre"], ["h_out"])],
+                             "body", [_vi("h", F, [1, 6]), _vi("xt", F, [1, 6])], [_vi("h_out", F, [1, 6])])
+    model = _model([helper.make_node("Scan", ["h0", "x"], ["h"], body=body, num_scan_inputs=1)],
+                   [_vi("h0", F, [1, 6]), _vi("x", F, ["t", 1, 6])], [_vi("h", F, [1, 6])],
+                   [_init("W", w), _init("s", scale)])
+    _, rf, rep, _ = _bake(tmp_path, model)
+    assert [n.op for n in _body(rf, "Scan", "body").nodes] == ["MatMul", "Add", "Tanh"]
+    (stored,) = rf.weights.values()
+    np.testing.assert_allclose(stored.array(), w * scale, rtol=1e-6)
+    scan = rf.graph.nodes[0].name
+    assert any(f"Mul '{scan}.body/hws' folded into the weights of MatMul '{scan}.body/hw'" in x for x in rep.notes)
+    sess, compiled = _ort(tmp_path), Session().compile(rf)
+    for t in (1, 3):
+        feeds = {"h0": R.standard_normal((1, 6)).astype(np.float32), "x": R.standard_normal((t, 1, 6)).astype(np.float32)}
+        np.testing.assert_allclose(compiled.run(feeds)["h"], sess.run(None, feeds)[0], rtol=1e-5, atol=1e-6)
