@@ -481,5 +481,6 @@ def test_a_per_column_scale_after_a_body_matmul_folds_into_its_weight(tmp_path):
     assert any(f"Mul '{scan}.body/hws' folded into the weights of MatMul '{scan}.body/hw'" in x for x in rep.notes)
     sess, compiled = _ort(tmp_path), Session().compile(rf)
     for t in (1, 3):
-        feeds = {"h0": R.standard_normal((1, 6)).astype(np.float32), "x": R.standard_normal((t, 1, 6)).astype(np.float32)}
+        feeds = {"h0": R.standard_normal((1, 6)).astype(np.float32),
+                 "x": R.standard_normal((t, 1, 6)).astype(np.float32)}
         np.testing.assert_allclose(compiled.run(feeds)["h"], sess.run(None, feeds)[0], rtol=1e-5, atol=1e-6)
