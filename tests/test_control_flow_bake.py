@@ -484,3 +484,35 @@ def test_a_per_column_scale_after_a_body_matmul_folds_into_its_weight(tmp_path):
         feeds = {"h0": R.standard_normal((1, 6)).astype(np.float32),
                  "x": R.standard_normal((t, 1, 6)).astype(np.float32)}
         np.testing.assert_allclose(compiled.run(feeds)["h"], sess.run(None, feeds)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_body_view_put_back_keeps_captures_straight():
+    """each_body: a constant a body edit adds becomes a captured top-graph constant; one it replaces under a captured
+    weight's name is captured as a new constant, while the other branch still reads the old weight."""
+    from rlx_format.graph import Graph, Node, Value
+    from rlx_runtime.passes.inbodies import each_body
+
+    w = R.standard_normal(3).astype(np.float32)
+    then_b = Graph("t", [Value("xx", "f32", (3,)), Value("ww", "f32", (3,))], [], [], [Node("ty", "Add", ["xx", "ww"])],
+                   ["ty"])
+    else_b = Graph("e", [Value("xx", "f32", (3,)), Value("ww", "f32", (3,))], [], [], [Node("ey", "Sub", ["xx", "ww"])],
+                   ["ey"])
+    g = Graph("g", [Value("x", "f32", (3,)), Value("c", "bool", ())], [], [Value("w", "f32", (3,), w)],
+              [Node("if", "If", ["c", "x", "w"], {"then_branch": then_b, "else_branch": else_b}),
+               Node("y", "Item", ["if"], {"index": 0})], ["y"])
+
+    def edit(view):
+        if view.where == "if.then_branch":
+            assert view.captured == {"ww": "w"}
+            view.graph.constants["ww"] = Value("ww", "f32", (3,), w * 2)  # replaced under the captured name
+            view.graph.constants["k"] = Value("k", "f32", (), np.array(10, np.float32))  # a new constant
+            view.graph.nodes.append(Node("ty2", "Mul", ["ty", "k"]))
+            view.graph.outputs = ["ty2"]
+            view.graph.validate()
+
+    each_body(g, edit)
+    assert len(g.nodes[0].inputs) == 5 and len(g.constants) == 3 and "w" in g.nodes[0].inputs
+    x = R.standard_normal(3).astype(np.float32)
+    compiled = Session().compile(g)
+    np.testing.assert_allclose(compiled.run({"x": x, "c": np.array(True)})["y"], (x + 2 * w) * 10, rtol=1e-6)
+    np.testing.assert_allclose(compiled.run({"x": x, "c": np.array(False)})["y"], x - w, rtol=1e-6)

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from rlx_format.graph import Graph, Node, Value, unique_name
 from rlx_format.ops import CONTROL_OPS, body_attrs
 
+from .rewrite import replace_uses
+
 
 def n_captures(n: Node) -> int:
     """How many of a control node's inputs are captures (its last ones; spec/ops.md, Control flow)."""
@@ -58,6 +60,14 @@ def _put_back(graph: Graph, n: Node, views: dict[str, BodyView], taken: set[str]
     c = n_captures(n)
     outer_caps = n.inputs[len(n.inputs) - c:]
     old = {k: n.attrs[k] for k in views}
+    for v in views.values():  # a captured constant the pass replaced by another value: a new constant, renamed
+        for name in [x for x in v.captured if v.graph.constants.get(x) is not None
+                     and v.graph.constants[x].value is not graph.constants[v.captured[x]].value]:
+            fresh = unique_name(name, v.graph.names())
+            cv = v.graph.constants.pop(name)
+            v.graph.constants[fresh] = Value(fresh, cv.dtype, tuple(cv.shape), cv.value)
+            replace_uses(v.graph, name, fresh)
+            v.graph.outputs = [fresh if o == name else o for o in v.graph.outputs]
     reads = {k: _reads(v.graph) for k, v in views.items()}
     keep = [j for j in range(c) if any(old[k].inputs[len(old[k].inputs) - c + j].name in reads[k] for k in views)]
     new_caps: list[tuple[str, str, Value]] = []  # (key, view name, outer constant)
