@@ -516,3 +516,20 @@ def test_a_body_view_put_back_keeps_captures_straight():
     compiled = Session().compile(g)
     np.testing.assert_allclose(compiled.run({"x": x, "c": np.array(True)})["y"], (x + 2 * w) * 10, rtol=1e-6)
     np.testing.assert_allclose(compiled.run({"x": x, "c": np.array(False)})["y"], x - w, rtol=1e-6)
+
+
+def test_cli_bake_and_inspect_show_weights_packed_inside_bodies(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from rlx_bake.cli import main
+
+    onnx.save(_scan_with_if(*_scan_weights()), tmp_path / "m.onnx")
+    r = CliRunner().invoke(main, ["bake", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "m.rlx"), "--opt", "size"])
+    assert r.exit_code == 0, r.output
+    assert "quant 2 (q8_0)" in r.output
+    r = CliRunner().invoke(main, ["inspect", str(tmp_path / "m.rlx"), "--json"])
+    assert r.exit_code == 0, r.output
+    packed = {w["name"]: w["note"] for w in json.loads(r.output)["weights"] if w["encoding"] == "gguf_q8_0"}
+    assert packed == {f"{w}.q8_0": f"packed from '{w}' (transposed to N x K)" for w in ("w_inner", "w_outer")}
