@@ -48,10 +48,7 @@ def _bake(tmp_path, model, profile="exact", **flags):
     p = tmp_path / "m.onnx"
     onnx.save(model, p)
     graph, weights = import_onnx(p)
-    opts = BakeOptions.from_profile(profile)
-    for k, v in flags.items():
-        setattr(opts, k, v)
-    rf, rep = bake(graph, weights, opts)
+    rf, rep = bake(graph, weights, BakeOptions.from_profile(profile, **flags))
     write_rlx(tmp_path / "m.rlx", rf)
     return graph, read_rlx(tmp_path / "m.rlx"), rep, tmp_path / "m.rlx"
 
