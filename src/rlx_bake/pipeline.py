@@ -14,6 +14,7 @@ from rlx_format.dtypes import NUMPY_DTYPES, dtype_of_array
 from rlx_format.errors import RlxError
 from rlx_format.graph import Graph
 from rlx_runtime.passes import Pass, PassContext, PassReport, run_group
+from rlx_runtime.passes.inbodies import resolve_all
 from rlx_runtime.passes import specialize_params as specialize
 
 from .options import BakeOptions
@@ -97,16 +98,21 @@ def bake(graph: Graph, weights: dict | None = None, options: BakeOptions | None 
     step("weight table")
     rf = RlxFile(g, {}, {})
     sources = {}  # packed constant -> (encoding, N, K, how it was laid out)
-    for n in g.nodes:
+    for n, _, top in resolve_all(g):  # inside bodies too: a packed weight a body reads is a captured constant
+        if n.op not in ("DequantMatMul", "DequantGather", "Dequantize"):
+            continue
+        packed = top(n.inputs[1] if n.op == "DequantMatMul" else n.inputs[0])
+        if packed is None:  # a body's own (inline) constant: not in the weight table
+            continue
         if n.op == "DequantMatMul":
-            sources[n.inputs[1]] = (n.attrs["encoding"], n.attrs["N"], n.attrs["K"], "transposed to N x K")
+            sources[packed] = (n.attrs["encoding"], n.attrs["N"], n.attrs["K"], "transposed to N x K")
         elif n.op == "DequantGather":
-            sources[n.inputs[0]] = (n.attrs["encoding"], n.attrs["N"], n.attrs["K"], "table rows")
-        elif n.op == "Dequantize" and n.inputs[0] in ctx.packed_from:
+            sources[packed] = (n.attrs["encoding"], n.attrs["N"], n.attrs["K"], "table rows")
+        elif n.op == "Dequantize" and packed in ctx.packed_from:
             rows, k = n.attrs["shape"]
-            pad = ctx.quality.get(n.inputs[0], {}).get("padded", 0)
-            sources[n.inputs[0]] = (n.attrs["encoding"], rows, k, "conv weight, rows by its first axis"
-                                    + (f", each padded with {pad} zeros" if pad else ""))
+            pad = ctx.quality.get(packed, {}).get("padded", 0)
+            sources[packed] = (n.attrs["encoding"], rows, k, "conv weight, rows by its first axis"
+                               + (f", each padded with {pad} zeros" if pad else ""))
     for name in sorted(g.constants):
         c = g.constants[name]
         if name in sources:

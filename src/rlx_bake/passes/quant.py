@@ -18,7 +18,8 @@ import numpy as np
 from rlx_format.codecs import BY_SHORT, Codec
 from rlx_format.errors import QuantError, RlxError
 from rlx_format.graph import Graph
-from rlx_runtime.passes import PassContext, PassResult
+from rlx_runtime.passes import PassContext, PassResult, in_bodies
+from rlx_runtime.passes.inbodies import everywhere
 
 from ..quant_choice import AUTO, DENSE, check_quant_choice, lossy_codecs
 from .packing import conv_uses, gather_uses, matmul_uses, pack_weight
@@ -82,12 +83,22 @@ def _rows(w: np.ndarray, kind: str) -> np.ndarray:
 
 
 def quantize_weights(graph: Graph, ctx: PassContext) -> PassResult:
+    """The weights of the graph and of its bodies; a glob is checked against all of them at once."""
     o = ctx.options
     overrides = tuple(getattr(o, "quant_weights", ()) or ())
     check_quant_choice(o.quant_type, overrides, o.quant_min_cosine)
+    if overrides:
+        names: set[str] = set()
+        everywhere(graph.copy(), lambda g, _: names.update(ctx.folded_from.get(w, w) for w, _, _ in _candidates(g)))
+        _check_globs(overrides, names, ctx)
+    return _quantize_everywhere(graph, ctx)
+
+
+def _quantize_here(graph: Graph, ctx: PassContext) -> PassResult:
+    o = ctx.options
+    overrides = tuple(getattr(o, "quant_weights", ()) or ())
     cands = _candidates(graph)
     source = {w: ctx.folded_from.get(w, w) for w, _, _ in cands}
-    _check_globs(overrides, source, ctx)
     packed_names, notes = [], []
     for wname, nodes, kind in cands:
         src = source[wname]
@@ -130,9 +141,12 @@ def quantize_weights(graph: Graph, ctx: PassContext) -> PassResult:
     return PassResult(graph.validate(), bool(packed_names), packed_names, notes)
 
 
-def _check_globs(overrides: tuple, source: dict[str, str], ctx: PassContext) -> None:
+_quantize_everywhere = in_bodies(_quantize_here)
+
+
+def _check_globs(overrides: tuple, sources: set[str], ctx: PassContext) -> None:
     """A glob that matches no weight the pass can pack (nor one an earlier pass packed) is a mistake."""
-    names = sorted(set(source.values()))
+    names = sorted(sources)
     packed = {ctx.folded_from.get(d, d) for d in ctx.packed_from.values()}
     for glob, t in overrides:
         if not any(fnmatchcase(n, glob) for n in names) and not any(fnmatchcase(n, glob) for n in packed):

@@ -10,7 +10,7 @@ import numpy as np
 
 from rlx_format.container import release_pages
 from rlx_format.graph import Graph, Node, Value, unique_name
-from rlx_runtime.passes import PassContext, PassResult
+from rlx_runtime.passes import PassContext, PassResult, in_bodies
 
 from .packing import matmul_uses
 
@@ -167,7 +167,7 @@ def _on_row(n: Node, op: str, ins: list[str], attrs: dict, shape: str, expanded:
     return [Node(row, op, ins, attrs), Node(n.name, "Expand", [row, shape])]
 
 
-def skip_zero_matmuls(graph: Graph, ctx: PassContext) -> PassResult:
+def _skip_zero_here(graph: Graph, ctx: PassContext) -> PassResult:
     skipped, notes = [], []
     rewrites: dict[str, list[Node]] = {}
     expanded: dict[str, tuple[str, str]] = {}
@@ -189,3 +189,6 @@ def skip_zero_matmuls(graph: Graph, ctx: PassContext) -> PassResult:
         if expanded:
             _propagate(graph, expanded, types, taken, notes)
     return PassResult(graph.validate(), bool(skipped), skipped, notes)
+
+
+skip_zero_matmuls = in_bodies(_skip_zero_here)  # bodies too: a body's captured weights are seen as constants

@@ -7,12 +7,12 @@ import numpy as np
 
 from rlx_format.codecs import ternary_codecs
 from rlx_format.graph import Graph
-from rlx_runtime.passes import PassContext, PassResult
+from rlx_runtime.passes import PassContext, PassResult, in_bodies
 
 from .packing import matmul_uses, pack_weight
 
 
-def pack_ternary_weights(graph: Graph, ctx: PassContext) -> PassResult:
+def _pack_ternary_here(graph: Graph, ctx: PassContext) -> PassResult:
     from rlx_format.quants import is_lossless_ternary, quantize  # numba: loaded when a bake runs, not by --help
 
     packed, notes = [], []
@@ -34,3 +34,6 @@ def pack_ternary_weights(graph: Graph, ctx: PassContext) -> PassResult:
         pack_weight(graph, ctx, wname, nodes, quantize(wt, codec.name), codec.name, f".{codec.short}", notes)
         packed.append(wname)
     return PassResult(graph.validate(), bool(packed), packed, notes)
+
+
+pack_ternary_weights = in_bodies(_pack_ternary_here)  # bodies too: a body's captured weights are seen as constants

@@ -19,6 +19,7 @@ from rlx_format.dtypes import NUMPY_DTYPES
 from rlx_format.graph import Graph, Node, Value, unique_name
 
 from .evaluate import KNOWN, binding_times
+from .inbodies import everywhere
 
 _FLOATS = ("f32", "f64", "f16")
 
@@ -54,12 +55,14 @@ def _per_channel(graph: Graph, name: str, out_rank: int, axis: int, channels: in
 
 
 def fold_affine(graph: Graph, report=None) -> Graph:
-    while _round(graph, report):  # a round folds every independent match; chains take one round per link
-        pass
-    return graph.validate()
+    """Also inside If/Loop/Scan bodies (the weight arithmetic emitted there is lifted out and folded by the fold)."""
+    def here(g: Graph, where: str) -> None:
+        while _round(g, report, where):  # a round folds every independent match; chains take one round per link
+            pass
+    return everywhere(graph, here).validate()
 
 
-def _round(graph: Graph, report) -> bool:
+def _round(graph: Graph, report, where: str = "") -> bool:
     bt = binding_times(graph)
     producers = graph.node_map()
     users = graph.consumers()
@@ -82,7 +85,8 @@ def _round(graph: Graph, report) -> bool:
             rewrites[node.name] = new
             removed.add(src.name)
             if report is not None:
-                report.affine_folded.append({"node": node.name, "op": node.op, "into": src.name, "into_op": src.op})
+                report.affine_folded.append({"node": where + node.name, "op": node.op, "into": where + src.name,
+                                             "into_op": src.op})
     if not rewrites:
         return False
     graph.nodes = [m for n in graph.nodes if n.name not in removed for m in rewrites.get(n.name, [n])]

@@ -1,7 +1,8 @@
 """The partial evaluator: one analysis of what every value depends on, and the fold built on it.
 
 Each value gets a binding time, the earliest moment it can be computed:
-  KNOWN    now: constants, `Shape` of a statically shaped value, and deterministic nodes of known values
+  KNOWN    now: constants, `Shape` of a statically shaped value (and the static dims picked out of any Shape:
+           pick_static_dims), and deterministic nodes of known values
   PARAM    once the params are set: weight-only work
   SHAPE    once the input *shapes* are known (`Shape(input)` and what is computed from it)
   DYNAMIC  only per forward: depends on input values or on an RNG op
@@ -59,6 +60,50 @@ def binding_times(graph: Graph, through_shape: bool = False) -> dict[str, int]:
         else:
             bt[n.name] = max((bt[i] for i in n.inputs), default=KNOWN)
     return bt
+
+
+def _picked_dims(graph: Graph, producers: dict[str, Node], n: Node) -> np.ndarray | None:
+    """The value of Gather / Slice (attr form) of `Shape(x)` when every dim it picks is static in x's type."""
+    src = producers.get(n.inputs[0]) if n.inputs else None
+    if src is None or src.op != "Shape":
+        return None
+    dims = list(graph.types[src.inputs[0]].shape)
+    if n.op == "Gather" and n.attrs.get("axis", 0) in (0, -1):
+        idx = graph.constants.get(n.inputs[1])
+        if idx is None or idx.value is None or not all(-len(dims) <= int(i) < len(dims) for i in idx.value.flat):
+            return None  # an index out of range stays a run-time error
+        picked = [dims[int(i)] for i in idx.value.flat]
+        shape = tuple(idx.shape)
+    elif n.op == "Slice" and len(n.inputs) == 1 and n.attrs.get("axes") in (None, [0], [-1]):
+        steps = n.attrs.get("steps") or [1]
+        if steps[0] <= 0:
+            return None
+        picked = dims[slice(n.attrs["starts"][0], n.attrs["ends"][0], steps[0])]
+        shape = (len(picked),)
+    else:
+        return None
+    if not all(isinstance(d, int) for d in picked):
+        return None
+    return np.array(picked, np.int64).reshape(shape)
+
+
+def pick_static_dims(graph: Graph, report=None) -> Graph:
+    """`Shape(x)[k]` (Gather) or `Shape(x)[a:b]` (Slice) that picks only static dims of x becomes a constant, though
+    other dims of x are symbolic (torch's `x.shape[1] == 4` guards): the value is in x's type."""
+    producers = graph.node_map()
+    kept: list[Node] = []
+    for n in graph.nodes:
+        v = _picked_dims(graph, producers, n) if n.op in ("Gather", "Slice") else None
+        if v is None:
+            kept.append(n)
+            continue
+        graph.constants[n.name] = Value(n.name, "i64", tuple(v.shape), v)
+        if report is not None:
+            report.folded += 1
+    if len(kept) == len(graph.nodes):
+        return graph
+    graph.nodes = kept
+    return graph.validate()
 
 
 def reads(n: Node, graph: Graph) -> list[str]:

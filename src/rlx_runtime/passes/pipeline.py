@@ -26,6 +26,7 @@ from .dce import dead_code_elimination
 from .dedupe import dedupe_constants
 from .fold import constant_fold
 from .fuse import fuse, fuse_conv_activation
+from .inbodies import BodyView, each_body
 from .report import PassReport
 from .simplify import simplify
 from .specialize import specialize_params
@@ -71,12 +72,12 @@ class Pass:
 
 def _fold(graph: Graph, ctx: PassContext) -> PassResult:
     r, o = ctx.report, ctx.options
-    folded, n_refused = r.folded, len(r.fold_refused)
+    folded, n_refused, inlined = r.folded, len(r.fold_refused), len(r.inlined)
     g = constant_fold(graph, r, o.fold_growth_limit, o.fold_min_bytes, o.fold_memory_budget)
     seen = {(x["node"], x["reason"]) for x in r.fold_refused[:n_refused]}
     fresh = [x for x in r.fold_refused[n_refused:] if (x["node"], x["reason"]) not in seen]
     r.fold_refused[n_refused:] = fresh  # a rerun refuses the same boundaries again: list each once
-    return PassResult(g, r.folded > folded)
+    return PassResult(g, r.folded > folded or len(r.inlined) > inlined, notes=r.inlined[inlined:])
 
 
 def _affine(graph: Graph, ctx: PassContext) -> PassResult:
@@ -101,6 +102,37 @@ def _dce(graph: Graph, ctx: PassContext) -> PassResult:
     n_consts, removed = len(graph.constants), ctx.report.dce_removed
     g = dead_code_elimination(graph, ctx.report)
     return PassResult(g, ctx.report.dce_removed > removed or len(g.constants) < n_consts)
+
+
+def in_bodies(one: PassFn) -> PassFn:
+    """`one` (a pass on one graph, blind to bodies) run on the graph and then inside every If/Loop/Scan body, nested
+    ones included, through views (inbodies.py). Entries and notes from a body are prefixed with its path
+    (`loop.body/if.then_branch/<entry>`); the packed weights a body pass made are recorded under the names they
+    take in the top graph, as packed from the top graph's weight."""
+    def run(graph: Graph, ctx: PassContext) -> PassResult:
+        res = one(graph, ctx)
+        done: list[tuple[BodyView, PassContext, PassResult]] = []
+
+        def edit(view: BodyView) -> None:
+            sub = PassContext(ctx.options, ctx.report)  # its own provenance: names are the body's until put back
+            r = run(view.graph, sub)
+            view.graph = r.graph
+            done.append((view, sub, r))
+
+        each_body(res.graph, edit)
+        entries, notes, changed = list(res.entries), list(res.notes), res.changed
+        for view, sub, r in done:
+            entries += [f"{view.where}/{e}" for e in r.entries]
+            notes += [f"{view.where}: {x}" for x in r.notes]
+            changed |= r.changed
+            for local, dense in sub.packed_from.items():
+                if local in view.renamed:
+                    ctx.packed_from[view.renamed[local]] = view.captured.get(dense, dense)
+            for local, q in sub.quality.items():
+                if local in view.renamed:
+                    ctx.quality[view.renamed[local]] = q
+        return PassResult(res.graph, changed, entries, notes)
+    return run
 
 
 FOLD = Pass("fold", _fold)

@@ -16,6 +16,7 @@ class PassReport:
     dce_removed: int = 0
     deduped: int = 0
     affine_folded: list[dict] = field(default_factory=list)  # {"node", "op", "into", "into_op"}
+    inlined: list[str] = field(default_factory=list)  # control flow the fold decided (If inlined, Loop skipped)
     passes: list[tuple[str, int]] = field(default_factory=list)  # (pass, nodes after it)
     # folded constant -> the one param/constant it was computed from (e.g. a transposed weight)
     folded_from: dict[str, str] = field(default_factory=dict)
@@ -30,5 +31,5 @@ class PassReport:
                 "specialized": list(self.specialized), "folded": self.folded,
                 "fold_refused": list(self.fold_refused), "simplified": self.simplified,
                 "dce_removed": self.dce_removed, "deduped": self.deduped,
-                "affine_folded": list(self.affine_folded),
+                "affine_folded": list(self.affine_folded), "inlined": list(self.inlined),
                 "passes": [list(p) for p in self.passes]}

@@ -10,8 +10,15 @@ from __future__ import annotations
 
 from rlx_format.graph import Graph, Node
 
+from .inbodies import everywhere
+
 
 def unpack_quantized(graph: Graph, report=None) -> Graph:
+    """Also inside If/Loop/Scan bodies, where the packed weight is a captured constant."""
+    return everywhere(graph, lambda g, _: _unpack_here(g, report)).validate()
+
+
+def _unpack_here(graph: Graph, report) -> Graph:
     nodes: list[Node] = []
     changed = 0
     for n in graph.nodes:
