@@ -271,8 +271,9 @@ def _whisper_encoder():
 
 def _random_bn(model):
     """Trained-looking statistics: BatchNorm (and FrozenBatchNorm) running statistics and affine terms drawn at
-    random, so BN folding is exercised; parameters that initialization leaves constant (zero-initialized heads
-    and biases, ConvNeXt's 1e-6 layer scales) drawn too, so every branch counts in the output."""
+    random, so the folds of BatchNorm into Conv weights (both exporters make them) carry non-trivial values;
+    parameters that initialization leaves constant (zero-initialized heads and biases, ConvNeXt's 1e-6 layer
+    scales) drawn too, so every branch counts in the output."""
     import torch
     for m in model.modules():
         if hasattr(m, "running_var") and m.running_var is not None:
@@ -287,10 +288,10 @@ def _random_bn(model):
     return model.eval()
 
 
-def _torchvision(name: str, **kwargs):
+def _torchvision(name: str):
     torch = _torch()
     import torchvision
-    model = _random_bn(getattr(torchvision.models, name)(weights=None, num_classes=10, **kwargs))
+    model = _random_bn(getattr(torchvision.models, name)(weights=None, num_classes=10))
     return model, (torch.randn(2, 3, 32, 32),), ["x"], {"x": {0: "batch", 2: "h", 3: "w"}}
 
 
