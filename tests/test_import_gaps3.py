@@ -1,5 +1,5 @@
-"""Import gaps found by the vision exports of the corpus (issue #21, tests/export_corpus.py: re-implemented
-torchvision architectures), each checked on a minimal onnx.helper model against onnxruntime."""
+"""Import gaps found by the vision exports of the corpus (issue #21, tests/export_corpus.py: torchvision's
+architectures), each checked on a minimal onnx.helper model against onnxruntime."""
 
 from __future__ import annotations
 

@@ -621,8 +621,17 @@ def _packs_q8(path) -> bool:
                for n in graph.nodes)
 
 
+def _needs(name: str) -> None:
+    if name in corpus.NEEDS_TRANSFORMERS:
+        pytest.importorskip("transformers")
+    if name in corpus.VISION:
+        pytest.importorskip("torchvision")
+
+
 def _corpus_params():
     for name, spec in corpus.MODELS.items():
+        if spec.refused:
+            continue
         for dynamo in (False, True):
             slow = spec.slow or (dynamo and name not in corpus.FAST_DYNAMO)
             marks = [pytest.mark.slow] if slow else []
@@ -633,8 +642,7 @@ def _corpus_params():
 
 @pytest.mark.parametrize("name,dynamo", list(_corpus_params()))
 def test_exported_model(export_cache, name, dynamo):
-    if name in corpus.NEEDS_TRANSFORMERS:
-        pytest.importorskip("transformers")
+    _needs(name)
     if dynamo:
         pytest.importorskip("onnxscript", reason="torch's dynamo exporter needs onnxscript, which is not installed")
     spec = corpus.MODELS[name]
@@ -643,11 +651,25 @@ def test_exported_model(export_cache, name, dynamo):
     _check(path, feeds, ("exact", "size") if _packs_q8(path) else ("exact",), spec.selected)
 
 
+@pytest.mark.parametrize("name", [name for name, spec in corpus.MODELS.items() if spec.refused])
+def test_exported_model_outside_the_catalogue_is_refused_by_op_name(export_cache, name):
+    """A whole torchvision detector, NMS included: the import fails with the one unsupported-op error, which
+    names exactly the op types outside the catalogue (NMS inside the If branch it sits in)."""
+    _needs(name)
+    path = corpus.export(name, False, export_cache)
+    with pytest.raises(RlxError) as e:
+        import_onnx(path)
+    msg = str(e.value)
+    assert msg.startswith(f"{path}: ") and "use ops rlx does not support" in msg, msg
+    listed = [line.split()[0].rstrip(":") for line in msg.split("supported ONNX ops:")[0].splitlines()[1:]]
+    assert sorted(listed) == sorted(corpus.MODELS[name].refused), msg
+    assert "NonMaxSuppression (inside a subgraph)" in msg, msg
+
+
 @pytest.mark.parametrize("name,weights", [("bert", "QInt8"), ("cnn", "QUInt8"), ("unet", "QUInt8"),
                                           pytest.param("gpt2", "QInt8", marks=pytest.mark.slow)])
 def test_dynamically_quantized_export(export_cache, name, weights):
-    if name in corpus.NEEDS_TRANSFORMERS:
-        pytest.importorskip("transformers")
+    _needs(name)
     spec = corpus.MODELS[name]
     path = corpus.quantized(name, export_cache, weights)
     _check(path, [_feeds(spec, shapes, seed) for seed, shapes in enumerate(spec.shapes)])
@@ -687,8 +709,9 @@ def test_exported_bert_with_hoisting_and_shape_caching(export_cache):
 def test_exported_detector_with_hoisting_and_shape_caching(export_cache):
     """The detector's shape-computed work (Resize sizes, arange centers, clip bounds, TopK over all levels)
     under cache_param_invariant + cache_shape_invariant, image sizes changing and revisited."""
+    _needs("fcos")
     from rlx_runtime import CompileOptions
-    path = corpus.export("fcos-detector", False, export_cache)
+    path = corpus.export("fcos", False, export_cache)
     graph, weights = import_onnx(path)
     rf, _ = bake(graph, weights, BakeOptions.from_profile("exact"))
     compiled = Session().compile_with(rf, CompileOptions(cache_param_invariant=True, cache_shape_invariant=True))
