@@ -95,7 +95,8 @@ def compute() -> dict[str, np.ndarray]:
         rows = f[: f.size // 4 * 4].reshape(4, -1)  # 4 output channels, each with its bias
         for act in ACTIVATION_CODES:
             y = rows.copy()
-            bias_activation(np.array([0.0, -0.5, 1e-3, np.inf], np.float32), act, 0.1, -1.0, 2.0)(y, slice(0, 4))
+            bias_activation(np.array([0.0, -0.5, 1e-3, np.inf], np.float32), act, 0.1, -1.0, 2.0)(
+                y[None], 0, 1, 0, 4, 0, y.shape[1])
             out[f"fused_conv/{act}"] = y
         for to in ("i8", "u8", "i16", "i32", "i64"):
             out[f"cast/{to}"] = _run("Cast", [f], {"to": to})

@@ -165,13 +165,15 @@ def test_empty_batch():
     assert Session().compile(g).run({"x": np.zeros((0, 3, 6, 6), np.float32)})["act"].shape == (0, 4, 4, 4)
 
 
-@pytest.mark.parametrize("xs,ws", [((1, 64, 10, 10), (300, 64, 3, 3)),  # rows split: each chunk has its own bias
-                                   ((1, 16, 64, 64), (32, 16, 3, 3)),   # columns split
-                                   ((3, 16, 24, 24), (32, 16, 3, 3))])  # images split
-def test_fused_equals_unfused_when_the_gemm_is_split_over_two_threads(xs, ws, monkeypatch):
+@pytest.mark.parametrize("xs,ws,group", [((1, 64, 10, 10), (300, 64, 3, 3), 1),  # rows split: each its own bias
+                                         ((1, 16, 64, 64), (32, 16, 3, 3), 1),   # columns split
+                                         ((3, 16, 24, 24), (32, 16, 3, 3), 1),   # images split
+                                         ((4, 32, 24, 24), (64, 8, 3, 3), 4)])   # images split, 4 groups
+@pytest.mark.parametrize("act", ["Sigmoid", "LeakyRelu"])
+def test_fused_equals_unfused_when_the_gemm_is_split_over_two_threads(xs, ws, group, act, monkeypatch):
     from threadpoolctl import threadpool_limits
 
-    g = _graph(xs, ws, {"pads": [1, 1, 1, 1]}, "Sigmoid", {})
+    g = _graph(xs, ws, {"pads": [1, 1, 1, 1], "group": group}, act, {"alpha": 0.1} if act == "LeakyRelu" else {})
     fused, ref = Session().compile(g), _unfused(g, monkeypatch)
     feed = _inputs(xs)
     with threadpool_limits(limits=2, user_api="blas"):

@@ -19,58 +19,57 @@ from .ufuncs import EXP_TERMS, sigmoid_f32_loop
 ACTIVATION_CODES = {"Relu": 0, "Sigmoid": 1, "Silu": 2, "LeakyRelu": 3, "Clip": 4}
 
 
-# error_model="numpy" as in ufuncs.py: no exception branch, so the row loops vectorize. nogil: chunks of one
+# error_model="numpy" as in ufuncs.py: no exception branch, so the row loops vectorize. nogil: blocks of one
 # conv run on several threads at once (threads.matmul)
 @numba.njit(cache=True, error_model="numpy", nogil=True)
-def _bias_act_rows(y, bias, has_bias, act, alpha, has_lo, lo, has_hi, hi, terms):  # pragma: no cover - compiled
-    """y: (n, o, P) float32 in place (any strides); bias: (o,)."""
-    o = y.shape[1]
-    tmp = np.empty(y.shape[2], np.float32)
-    for r in range(y.shape[0] * o):
-        row = y[r // o, r % o]
-        if act == 1 or act == 2:
-            # the sigmoid loop reads one buffer and writes another: with in == out LLVM's alias check
-            # fails and the scalar loop runs (measured 6x slower)
-            bv = bias[r % o] if has_bias else np.float32(0.0)
-            for i in range(row.size):
-                tmp[i] = row[i] + bv if has_bias else row[i]
-            sigmoid_f32_loop(tmp, row, act == 2, terms)
-            continue
-        if has_bias:
-            bv = bias[r % o]
-            for i in range(row.size):
-                row[i] += bv
-        if act == 0:  # Relu: np.maximum(v, 0) keeps NaN and -0.0
-            for i in range(row.size):
-                v = row[i]
-                row[i] = np.float32(0.0) if v < 0 else v
-        elif act == 3:  # LeakyRelu: where(v >= 0, v, v * alpha); NaN takes the second branch and stays NaN
-            for i in range(row.size):
-                v = row[i]
-                row[i] = v if v >= 0 else v * alpha
-        else:  # Clip: np.maximum with lo, then np.minimum with hi (a NaN on either side gives NaN)
-            for i in range(row.size):
-                v = row[i]
-                if has_lo and (v < lo or lo != lo):
-                    v = lo
-                if has_hi and (v > hi or hi != hi):
-                    v = hi
-                row[i] = v
+def _bias_act_block(y, b0, b1, r0, r1, c0, c1, groups, bias, has_bias, act, alpha, has_lo, lo, has_hi, hi,
+                    terms):  # pragma: no cover - compiled
+    """y: the whole (B, M, N) float32 GEMM output (C-contiguous), changed in place in [b0, b1) x [r0, r1) x
+    [c0, c1); row r of matrix b is channel (b % groups) * M + r; bias: (channels,)."""
+    w = c1 - c0
+    tmp = np.empty(w, np.float32)
+    for bi in range(b0, b1):
+        for r in range(r0, r1):
+            row = y[bi, r, c0:c1]
+            bv = bias[(bi % groups) * y.shape[1] + r] if has_bias else np.float32(0.0)
+            if act == 1 or act == 2:
+                # the sigmoid loop reads one buffer and writes another: with in == out LLVM's alias check
+                # fails and the scalar loop runs (measured 6x slower)
+                for i in range(w):
+                    tmp[i] = row[i] + bv if has_bias else row[i]
+                sigmoid_f32_loop(tmp, row, act == 2, terms)
+                continue
+            if has_bias:
+                for i in range(w):
+                    row[i] += bv
+            if act == 0:  # Relu: np.maximum(v, 0) keeps NaN and -0.0
+                for i in range(w):
+                    v = row[i]
+                    row[i] = np.float32(0.0) if v < 0 else v
+            elif act == 3:  # LeakyRelu: where(v >= 0, v, v * alpha); NaN takes the second branch and stays NaN
+                for i in range(w):
+                    v = row[i]
+                    row[i] = v if v >= 0 else v * alpha
+            else:  # Clip: np.maximum with lo, then np.minimum with hi (a NaN on either side gives NaN)
+                for i in range(w):
+                    v = row[i]
+                    if has_lo and (v < lo or lo != lo):
+                        v = lo
+                    if has_hi and (v > hi or hi != hi):
+                        v = hi
+                    row[i] = v
 
 
 def bias_activation(bias: np.ndarray | None, activation: str, alpha: float, lo: float | None,
-                    hi: float | None) -> Callable[[np.ndarray, slice], None]:
-    """The epilogue threads.matmul runs on each finished chunk of a conv's float32 GEMM output: Conv's bias,
-    then `activation`, in place. A chunk is (rows, columns) of one image's (o, P) product, or whole images
-    (..., o, P) with every channel (then `rows` is all of them)."""
+                    hi: float | None, groups: int = 1) -> Callable[..., None]:
+    """The epilogue threads.matmul runs on each finished block of a conv's float32 GEMM output (B, M, N):
+    Conv's bias, then `activation`, in place. Matrix b holds group b % groups of one image."""
     b = np.zeros(1, np.float32) if bias is None else np.ascontiguousarray(bias, dtype=np.float32).reshape(-1)
-    args = (ACTIVATION_CODES[activation], np.float32(alpha), lo is not None, np.float32(0 if lo is None else lo),
-            hi is not None, np.float32(0 if hi is None else hi), EXP_TERMS)
+    args = (groups, b, bias is not None, ACTIVATION_CODES[activation], np.float32(alpha), lo is not None,
+            np.float32(0 if lo is None else lo), hi is not None, np.float32(0 if hi is None else hi), EXP_TERMS)
 
-    def epilogue(chunk: np.ndarray, rows: slice) -> None:
-        if chunk.size == 0:
-            return
-        y3 = chunk[None] if chunk.ndim == 2 else chunk.reshape(chunk.shape[0], -1, chunk.shape[-1])
-        _bias_act_rows(y3, b[rows] if bias is not None else b, bias is not None, *args)
+    def epilogue(y3: np.ndarray, b0: int, b1: int, r0: int, r1: int, c0: int, c1: int) -> None:
+        if b1 > b0 and r1 > r0 and c1 > c0:
+            _bias_act_block(y3, b0, b1, r0, r1, c0, c1, *args)
 
     return epilogue

@@ -11,8 +11,12 @@ How many threads: as many as the BLAS is set to when the forward starts (OPENBLA
 threadpoolctl's `threadpool_limits`), which is how numpy users already choose them. `threads_in_use()`
 reports it. While any rlx forward runs, the process's BLAS is single-threaded (restored when the last ends).
 
-Each chunk is one BLAS call over the whole inner dimension, so every output element is the same dot product
-as in the unsplit call (bitwise equal with OpenBLAS: tests/test_threads.py).
+Each chunk is one single-threaded BLAS call (cblas_?gemm through ctypes, which drops the GIL; np.matmul with
+out= keeps it, so chunks written in place would run one at a time) over the whole inner dimension, so every
+output element is the same dot product as in the unsplit call (bitwise equal with OpenBLAS:
+tests/test_threads.py). Measured on this 2-core machine: with both cores free, the split GEMMs run 0.8-1.5x
+the time of OpenBLAS's own two threads (each chunk packs its operands again); with another process busy, a
+YOLO-like forward at two threads takes 25 ms where OpenBLAS's split took 104 ms.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import numpy as np
 
 _MIN_SPLIT_WORK = 1 << 21  # multiply-adds below which one call beats the split (a few tens of us)
 _MIN_CHUNK = 64            # rows or columns per chunk
-_CHUNKS_PER_THREAD = 3     # enough chunks that a late thread is covered, few enough to pack operands rarely
+_CHUNKS_PER_THREAD = 2     # enough chunks that a late thread is covered, few enough to pack operands rarely
 
 _lock = threading.Lock()
 _active = 0                # forwards running (any thread); the first saves the BLAS's setting, the last restores
@@ -51,6 +55,17 @@ class _OpenBLAS:
             get = getattr(lib, f"{prefix}openblas_get_num_threads{suffix}", None)
             if get is not None:
                 self.get, self.set = get, getattr(lib, f"{prefix}openblas_set_num_threads{suffix}")
+                # the GEMMs themselves: ctypes drops the GIL for the call (np.matmul with out= keeps it)
+                index = ctypes.c_int64 if suffix else ctypes.c_int
+                self.gemm = {}
+                kinds = ((np.float32, "sgemm", ctypes.c_float), (np.float64, "dgemm", ctypes.c_double))
+                for dtype, name, scalar in kinds:
+                    fn = getattr(lib, f"{prefix}cblas_{name}{suffix}", None)
+                    if fn is not None:
+                        fn.restype = None
+                        fn.argtypes = ([ctypes.c_int] * 3 + [index] * 3 + [scalar, ctypes.c_void_p, index,
+                                       ctypes.c_void_p, index, scalar, ctypes.c_void_p, index])
+                        self.gemm[np.dtype(dtype)] = fn
                 return
         raise LookupError(path)
 
@@ -149,48 +164,74 @@ def _bounds(length: int, threads: int) -> list[int]:
     return [length * i // chunks for i in range(chunks + 1)]
 
 
-Epilogue = Callable[[np.ndarray, slice], None]
+# epilogue(out3, b0, b1, r0, r1, c0, c1): runs in place on block [b0, b1) x [r0, r1) x [c0, c1) of the whole
+# output viewed as (B, M, N), once the block's GEMM is done, on the thread that computed it
+Epilogue = Callable[[np.ndarray, int, int, int, int, int, int], None]
 
 
 def _whole(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None) -> np.ndarray:
     out = np.matmul(a, b)
     if epilogue is not None:
-        epilogue(out, slice(0, out.shape[-2]))
+        out3 = out.reshape(-1, *out.shape[-2:])
+        epilogue(out3, 0, out3.shape[0], 0, out3.shape[1], 0, out3.shape[2])
     return out
+
+
+_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
+
+
+def _blas_operand(x: np.ndarray) -> tuple[np.ndarray, int, int]:
+    """(array, transpose flag, leading dimension) describing 2-D x to a row-major cblas call."""
+    item = x.itemsize
+    if x.strides[1] == item and x.strides[0] % item == 0 and x.strides[0] >= max(1, x.shape[1]) * item:
+        return x, _NO_TRANS, x.strides[0] // item
+    if x.strides[0] == item and x.strides[1] % item == 0 and x.strides[1] >= max(1, x.shape[0]) * item:
+        return x, _TRANS, x.strides[1] // item
+    x = np.ascontiguousarray(x)
+    return x, _NO_TRANS, max(1, x.shape[1])
+
+
+def _gemm_into(gemm, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """out[:] = a @ b for 2-D views (out's rows contiguous), one single-threaded BLAS call without the GIL."""
+    (a, ta, lda), (b, tb, ldb) = _blas_operand(a), _blas_operand(b)
+    m, k = a.shape
+    gemm(_ROW_MAJOR, ta, tb, m, b.shape[1], k, 1.0, a.ctypes.data, lda, b.ctypes.data, ldb, 0.0, out.ctypes.data,
+         out.strides[0] // out.itemsize)
 
 
 def _matmul_2d(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None) -> np.ndarray:
     m, n = a.shape[0], b.shape[1]
     threads = threads_in_use()
-    if threads <= 1 or m * n * a.shape[1] < _MIN_SPLIT_WORK:
+    gemm = _blas_controllers()[0].gemm.get(a.dtype) if _blas_controllers() else None
+    if threads <= 1 or gemm is None or m * n * a.shape[1] < _MIN_SPLIT_WORK or a.shape[1] == 0:
         return _whole(a, b, epilogue)
-    out = np.empty((m, n), np.result_type(a, b))
+    out = np.empty((m, n), a.dtype)
+    out3 = out[None]
     # each chunk packs the operand it does not split again: split the longer side, so that is the smaller one
     if m >= n:
         edges = _bounds(m, threads)
 
         def chunk(i: int) -> None:
-            rows = slice(edges[i], edges[i + 1])
-            np.matmul(a[rows], b, out=out[rows])
+            r0, r1 = edges[i], edges[i + 1]
+            _gemm_into(gemm, a[r0:r1], b, out[r0:r1])
             if epilogue is not None:
-                epilogue(out[rows], rows)
+                epilogue(out3, 0, 1, r0, r1, 0, n)
     else:
         edges = _bounds(n, threads)
 
         def chunk(i: int) -> None:
-            cols = slice(edges[i], edges[i + 1])
-            np.matmul(a, b[:, cols], out=out[:, cols])
+            c0, c1 = edges[i], edges[i + 1]
+            _gemm_into(gemm, a, b[:, c0:c1], out[:, c0:c1])
             if epilogue is not None:
-                epilogue(out[:, cols], slice(0, m))
+                epilogue(out3, 0, 1, 0, m, c0, c1)
     run_chunks(len(edges) - 1, chunk)
     return out
 
 
 def matmul(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None = None) -> np.ndarray:
     """np.matmul(a, b), with float GEMMs split over the forward's threads. A stack of row blocks times one
-    matrix runs as one tall GEMM (the matrix is packed once, not once per block). `epilogue(chunk, rows)`, if
-    given, runs in place on each finished output chunk on the thread that computed it: `chunk` is a view of
-    the output whose last two axes are rows `rows` of a's matrices and some of b's columns."""
+    matrix runs as one tall GEMM (the matrix is packed once, not once per block). `epilogue` (see Epilogue)
+    runs on each finished block."""
     if (a.ndim < 2 or b.ndim < 2 or a.dtype != b.dtype or a.dtype not in (np.float32, np.float64)):
         return _whole(a, b, epilogue)
     batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
@@ -203,6 +244,7 @@ def matmul(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None = None) -> np
     if threads <= 1 or batch[0] < 2 or math.prod(batch) * m * n * k < _MIN_SPLIT_WORK:
         return _whole(a, b, epilogue)
     out = np.empty(batch + (m, n), a.dtype)
+    out3 = out.reshape(-1, m, n)
     # chunks along the leading batch axis; an operand without it (or with size 1 there) is broadcast whole
     lead_a = a.ndim == out.ndim and a.shape[0] > 1
     lead_b = b.ndim == out.ndim and b.shape[0] > 1
@@ -211,9 +253,11 @@ def matmul(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None = None) -> np
 
     def chunk(i: int) -> None:
         s = slice(edges[i], edges[i + 1])
-        np.matmul(a[s] if lead_a else a, b[s] if lead_b else b, out=out[s])
+        # not np.matmul(out=...): with out= it keeps the GIL, and the chunks would run one at a time
+        out[s] = np.matmul(a[s] if lead_a else a, b[s] if lead_b else b)
         if epilogue is not None:
-            epilogue(out[s], slice(0, m))
+            inner = out3.shape[0] // batch[0]  # matrices per step of the leading axis
+            epilogue(out3, edges[i] * inner, edges[i + 1] * inner, 0, m, 0, n)
 
     run_chunks(len(edges) - 1, chunk)
     return out

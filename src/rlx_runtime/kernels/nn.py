@@ -128,10 +128,7 @@ def _im2col(xp, x, k, strides, dil, pads, out_sp):
     the window reads padding (no padded copy of x, no list of slices to stack)."""
     nsp = len(k)
     cols = xp.empty(x.shape[:2] + tuple(k) + tuple(out_sp), dtype=x.dtype)
-    positions = list(np.ndindex(*k))
-
-    def copy(i: int) -> None:
-        pos = positions[i]
+    for pos in np.ndindex(*k):
         dst = cols[(slice(None), slice(None)) + pos]
         src, inner = [], []
         for d in range(nsp):
@@ -146,13 +143,6 @@ def _im2col(xp, x, k, strides, dil, pads, out_sp):
             if hi < out_sp[d]:
                 dst[(slice(None), slice(None)) + (slice(None),) * d + (slice(hi, None),)] = 0
         dst[(slice(None), slice(None)) + tuple(inner)] = x[(slice(None), slice(None)) + tuple(src)]
-
-    if backend_of(xp).host_arrays and cols.size >= 1 << 16:  # numpy copies release the GIL: offsets go to threads
-        from ..threads import run_chunks
-        run_chunks(len(positions), copy)
-    else:
-        for i in range(len(positions)):
-            copy(i)
     return cols
 
 
@@ -208,7 +198,7 @@ def _fused_conv_cpu(xp, a, x, w, b=None):
     if x.dtype != np.float32:
         return _fused_conv(xp, a, x, w, b)
     from ..conv_kernels import bias_activation
-    return conv_nobias(xp, a, x, w, bias_activation(b, a["activation"], a["alpha"], a["min"], a["max"]))
+    return conv_nobias(xp, a, x, w, bias_activation(b, a["activation"], a["alpha"], a["min"], a["max"], a["group"]))
 
 
 @kernel("ConvTranspose")
