@@ -406,7 +406,7 @@ MODELS: dict[str, Spec] = {
     # opset 21: the dynamo exporter writes GroupNormalization (per-channel affine) for the head's nn.GroupNorm
     "fcos-opset21": Spec(_detector, _DET, opset=21, slow=True, outputs=_DET_OUT, selected=("top_boxes", "labels")),
     "fcos-full": Spec(_full_detector, (), outputs=("boxes", "scores", "labels"),
-                      refused=("NonMaxSuppression", "NonZero", "TopK", "Xor")),
+                      refused=("NonMaxSuppression", "NonZero", "TopK")),
 }
 # torchvision's models above
 VISION = {"resnet18", "mobilenet-v3-small", "efficientnet-b0", "regnet-y-400mf", "convnext-tiny", "vit-small", "fcos",

@@ -90,7 +90,7 @@ CASES["GatherND"] = ([("f32", [B, 5, 6, 7]), ("i64", [B, 3, 2])], {"batch_dims":
 CASES["MatMulInteger"] = ([("u8", [B, 16]), ("i8", [16, 4]), ("i8", [4])], {"optional": ["b_zero_point"]},
                           ("i32", (B, 4)))
 CASES["ConvInteger"] = ([("u8", [B, 3, 8, 8]), ("u8", [4, 3, 3, 3])], {}, ("i32", (B, 4, 6, 6)))
-for _op in ["Or"]:
+for _op in ["Or", "Xor"]:
     CASES[_op] = ([("bool", [B, 5]), ("bool", [5])], {}, ("bool", (B, 5)))
 for _op in ["ReduceMax", "ReduceMin", "ReduceProd"]:
     CASES[_op] = ([("f32", [B, 5])], {"axes": [1], "keepdims": 0}, ("f32", (B,)))

@@ -113,7 +113,7 @@ def test_integer_division_truncates():
 
 def test_logic_and_where():
     a, b = X > 0, Y < 0.3
-    for op in ("And", "Or"):
+    for op in ("And", "Or", "Xor"):
         np.testing.assert_array_equal(run_op(op, [a, b]), ort_run(op, [a, b]))
     np.testing.assert_array_equal(run_op("Where", [a, X, Y]), ort_run("Where", [a, X, Y]))
 

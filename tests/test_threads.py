@@ -179,3 +179,45 @@ def test_the_epilogue_sees_every_block_once(case):
     np.testing.assert_array_equal(got, want)
     assert sum((b1 - b0) * (r1 - r0) * (c1 - c0) for b0, b1, r0, r1, c0, c1 in seen) == want.size
     assert (len(seen) > 1) == (case != "small (not split)")
+
+
+def _attention_cases():
+    r = np.random.default_rng(5)
+
+    def f(*s):
+        return r.standard_normal(s).astype(np.float32)
+
+    yield "batch blocks, float mask per batch", f(8, 12, 128, 64), f(8, 12, 128, 64), f(8, 12, 128, 64), \
+        np.where(r.random((8, 1, 1, 128)) < 0.2, np.float32(-np.inf), np.float32(0)), False
+    yield "batch blocks, bool mask broadcast", f(6, 4, 96, 32), f(6, 4, 160, 32), f(6, 4, 160, 48), \
+        r.random((96, 160)) < 0.7, False
+    yield "causal", f(4, 8, 128, 32), f(4, 8, 128, 32), f(4, 8, 128, 32), None, True
+    yield "head blocks (one sequence)", f(1, 16, 128, 64), f(1, 16, 128, 64), f(1, 16, 128, 64), None, False
+    yield "3-D", f(16, 256, 64), f(16, 256, 64), f(16, 256, 64), None, False
+    yield "shared keys (size-1 batch axis)", f(8, 4, 128, 32), f(1, 4, 128, 32), f(1, 4, 128, 32), None, False
+
+
+@pytest.mark.parametrize("case", list(_attention_cases()), ids=lambda c: c[0])
+@pytest.mark.parametrize("n", [1, 2])
+def test_blocked_attention_equals_the_generic_kernel_bitwise(case, n):
+    from rlx_runtime.kernels import nn
+
+    _, q, k, v, mask, causal = case
+    a = {"scale": None, "causal": causal}
+    with threadpool_limits(limits=1, user_api="blas"), np.errstate(all="ignore"):
+        want = nn._sdpa(np, a, q, k, v, mask)
+    blocks = []
+    real = nn._sdpa
+
+    def spy(xp, a_, q_, *rest):
+        blocks.append(q_.shape)
+        return real(xp, a_, q_, *rest)
+
+    with threadpool_limits(limits=n, user_api="blas"), forward_threads(), np.errstate(all="ignore"):
+        try:
+            nn._sdpa = spy
+            got = nn._sdpa_cpu(np, a, q, k, v, mask)
+        finally:
+            nn._sdpa = real
+    np.testing.assert_array_equal(got, want)
+    assert len(blocks) > 1  # these cases are large enough to be split

@@ -10,7 +10,7 @@ from .context import LOWER, Unsupported, ONNX_DTYPES, NodeLike, attr_copy, axes_
 _SAME = ["Abs", "Neg", "Exp", "Log", "Sqrt", "Reciprocal", "Sin", "Cos", "Tan", "Tanh", "Sigmoid", "Relu", "Erf",
          "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh",
          "Floor", "Ceil", "Round", "Sign", "Not", "Softplus", "Softsign", "Identity", "Add", "Sub", "Mul", "Div",
-         "Pow", "Equal", "Less", "Greater", "And", "Or", "Where", "MatMul",
+         "Pow", "Equal", "Less", "Greater", "And", "Or", "Xor", "Where", "MatMul",
          "GlobalAveragePool"]
 
 

@@ -61,7 +61,7 @@ for _n in ["Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"]:
 _reg("Mod", 2, infer_arith, {"fmod": Attr("int", 0, (0, 1))})
 for _n in ["Equal", "Less", "LessEqual", "Greater", "GreaterEqual"]:
     _reg(_n, 2, infer_compare)
-for _n in ["And", "Or"]:
+for _n in ["And", "Or", "Xor"]:
     _reg(_n, 2, infer_logic)
 _reg("Where", 3, infer_where)
 for _n in ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd"]:

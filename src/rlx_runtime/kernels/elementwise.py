@@ -126,6 +126,7 @@ register("Greater", lambda xp, a, x, y: x > y)
 register("GreaterEqual", lambda xp, a, x, y: x >= y)
 register("And", lambda xp, a, x, y: xp.logical_and(x, y))
 register("Or", lambda xp, a, x, y: xp.logical_or(x, y))
+register("Xor", lambda xp, a, x, y: xp.logical_xor(x, y))
 register("Where", lambda xp, a, c, x, y: xp.where(c, x, y))
 
 

@@ -346,3 +346,35 @@ def _sdpa(xp, a, q, k, v, mask=None):
     den = xp.sum(s, axis=-1, keepdims=True)
     s /= xp.where(den == 0, t(1), den)  # fully masked rows give zeros, not NaN
     return _gemm(xp, s, v)
+
+
+_SDPA_BLOCK_BYTES = 1 << 18  # scores per block: a block's softmax passes stay in the core's L2
+
+
+@kernel("ScaledDotProductAttention", backend="cpu")
+def _sdpa_cpu(xp, a, q, k, v, mask=None):
+    """Block by block along the batch axis (or the head axis for one sequence), on the forward's threads:
+    each block's scores stay in cache through the softmax passes. Each block is the generic kernel on its
+    slice, so the values are the generic kernel's."""
+    axis = 0 if q.shape[0] > 1 or q.ndim < 4 else 1
+    scores = math.prod(q.shape[:-1]) * k.shape[-2] * q.itemsize
+    if (q.ndim < 3 or q.shape[axis] < 2 or scores < 2 * _SDPA_BLOCK_BYTES or k.ndim != q.ndim or v.ndim != q.ndim
+            or not q.dtype == k.dtype == v.dtype or (mask is not None and mask.ndim > q.ndim)):
+        return _sdpa(xp, a, q, k, v, mask)
+    from ..threads import run_chunks
+    n = q.shape[axis]
+    per = max(1, min(n, _SDPA_BLOCK_BYTES * n // scores))  # indices per block
+    lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    out = np.empty(lead + (q.shape[-2], v.shape[-1]), q.dtype)
+    m = None if mask is None else mask.reshape((1,) * (q.ndim - mask.ndim) + mask.shape)
+
+    def block(i: int) -> None:
+        s = (slice(None),) * axis + (slice(i * per, (i + 1) * per),)
+
+        def part(t):
+            return t if t is None or t.shape[axis] == 1 else t[s]
+
+        out[s] = _sdpa(xp, a, q[s], part(k), part(v), part(m))
+
+    run_chunks(-(-n // per), block)
+    return out
