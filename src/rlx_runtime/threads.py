@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 _MIN_SPLIT_WORK = 1 << 21  # multiply-adds below which one call beats the split (a few tens of us)
+_BIG_WORK = 1 << 25        # multiply-adds from which a GEMM splits into one chunk per thread (packs less)
 _MIN_CHUNK = 64            # rows or columns per chunk
 _CHUNKS_PER_THREAD = 2     # enough chunks that a late thread is covered, few enough to pack operands rarely
 
@@ -159,8 +160,9 @@ def run_chunks(count: int, fn: Callable[[int], None]) -> None:
         raise error
 
 
-def _bounds(length: int, threads: int) -> list[int]:
-    chunks = max(1, min(threads * _CHUNKS_PER_THREAD, length // _MIN_CHUNK))
+def _bounds(length: int, threads: int, work: int = 0) -> list[int]:
+    per = 1 if work >= _BIG_WORK else _CHUNKS_PER_THREAD
+    chunks = max(1, min(threads * per, length // _MIN_CHUNK))
     return [length * i // chunks for i in range(chunks + 1)]
 
 
@@ -209,7 +211,7 @@ def _matmul_2d(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None) -> np.nd
     out3 = out[None]
     # each chunk packs the operand it does not split again: split the longer side, so that is the smaller one
     if m >= n:
-        edges = _bounds(m, threads)
+        edges = _bounds(m, threads, m * n * a.shape[1])
 
         def chunk(i: int) -> None:
             r0, r1 = edges[i], edges[i + 1]
@@ -217,7 +219,7 @@ def _matmul_2d(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None) -> np.nd
             if epilogue is not None:
                 epilogue(out3, 0, 1, r0, r1, 0, n)
     else:
-        edges = _bounds(n, threads)
+        edges = _bounds(n, threads, m * n * a.shape[1])
 
         def chunk(i: int) -> None:
             c0, c1 = edges[i], edges[i + 1]
