@@ -14,8 +14,6 @@ from dataclasses import dataclass
 
 from rlx_format.codecs import get_codec
 
-from .backend import backend_of
-
 TILE_BYTES = 16 << 20  # f32 tile buffer per DequantMatMul call: 16 MiB (1024 rows at K = 4096)
 
 
@@ -53,20 +51,20 @@ def dequant_gather(xp, packed, idx, encoding: str, K: int) -> object:
     return dequantize_all(xp, rows, encoding, (*idx.shape, K))
 
 
-def tiled_matmul(xp, x2, decode_rows, N: int, K: int, tile: int | None = None) -> object:
+def tiled_matmul(xp, x2, decode_rows, N: int, K: int, tile: int | None = None, matmul=None) -> object:
     """x2 [M, K] @ W.T -> [M, N], one row tile of W at a time: `decode_rows(r0, r1, buf)` writes rows r0:r1 of
     W as f32 into `buf` and returns them (at most `tile` rows; default: TILE_BYTES worth). Every backend's
     tiled DequantMatMul is this loop (the CPU's decoder is a numba kernel, the others the array-op one)."""
     tile = max(1, min(N, tile or TILE_BYTES // (4 * K)))
     buf = xp.empty((tile, K), dtype=xp.float32)
-    matmul = backend_of(xp).kernel("MatMul")  # the CPU's is split over the forward's threads
+    matmul = matmul or xp.matmul  # the CPU passes threads.matmul (split over the forward's threads)
     if tile == N:
-        return matmul(xp, {}, x2, decode_rows(0, N, buf).T)
+        return matmul(x2, decode_rows(0, N, buf).T)
     y = xp.empty((x2.shape[0], N), dtype=xp.float32)
     for r0 in range(0, N, tile):
         r1 = min(N, r0 + tile)
         # a strided `out=` would skip BLAS: the product goes through a temporary
-        y[:, r0:r1] = matmul(xp, {}, x2, decode_rows(r0, r1, buf[: r1 - r0]).T)
+        y[:, r0:r1] = matmul(x2, decode_rows(r0, r1, buf[: r1 - r0]).T)
     return y
 
 

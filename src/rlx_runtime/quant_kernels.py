@@ -18,6 +18,7 @@ from rlx_format.codecs import CODECS, get_codec
 from rlx_format.quants import block_fields, dequantize, dequantize_fields
 
 from .packed import tiled_matmul
+from .threads import matmul
 
 prange = numba.prange
 
@@ -364,7 +365,7 @@ def dequant_matmul(x: np.ndarray, packed: np.ndarray, encoding: str, n: int, k: 
         def decode(r0, r1, buf):
             rows(pk, r0, r1, buf)
             return buf
-        out = tiled_matmul(np, x2, decode, n, k, TILE_ROWS)
+        out = tiled_matmul(np, x2, decode, n, k, TILE_ROWS, matmul)
     return out.reshape(*lead, n)
 
 
