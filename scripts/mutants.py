@@ -128,6 +128,21 @@ MUTANTS = [
            (("rlx_runtime/kernels/nn.py", 'y = d / xp.sqrt(var + x.dtype.type(a["epsilon"])) * scale',
              'y = d / xp.sqrt(var + x.dtype.type(max(a["epsilon"], 1e-5))) * scale'),),
            ("test_minilm.py",)),
+    Mutant("erf_margin_too_small", "the fast erf path hands over every input its margin cannot decide",
+           (("rlx_runtime/ufuncs.py", "    m = FAST_TOL * abs(r)", "    m = 1e-13 * abs(r)"),),
+           ("test_ufuncs.py",)),
+    Mutant("gelu_redo_skipped", "GELU redoes on the exact path what the fast path was unsure of",
+           (("rlx_runtime/ufuncs.py", "    _gelu_redo(flat, out, unsure, words, *_tables())", "    pass"),),
+           ("test_ufuncs.py",)),
+    Mutant("split_gemm_wrong_leading_axis", "a batched GEMM split by its leading axis slices every operand that has it",
+           (("rlx_runtime/threads.py", "    lead_b = b.ndim == out.ndim and b.shape[0] > 1", "    lead_b = False"),),
+           ("test_threads.py",)),
+    Mutant("blas_not_restored", "the BLAS gets its thread count back when the last forward ends",
+           (("rlx_runtime/threads.py", "                    c.set(_saved)", "                    pass"),),
+           ("test_threads.py",)),
+    Mutant("conv_epilogue_group_bias", "FusedConv's per-block epilogue adds each group's own channel bias",
+           (("rlx_runtime/conv_kernels.py", "bias[(bi % groups) * y.shape[1] + r]", "bias[r]"),),
+           ("test_fused_conv.py",)),
 ]
 
 
