@@ -112,6 +112,9 @@ def _erf_fast_serial(x, out, unsure):  # pragma: no cover - compiled
         unsure[i] = _unsure(r)
 
 
+_SQRT2_F32 = np.float32(math.sqrt(2.0))
+
+
 def _unsure_flags(n: int) -> tuple[np.ndarray, np.ndarray]:
     """n flags for the fast path to fill, and the same bytes as uint64 words (the tail past n is False), so
     the redo loops skip eight sure elements per test."""
@@ -121,13 +124,18 @@ def _unsure_flags(n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 @numba.njit(cache=True)
-def _erf_redo(x, out, unsure, words, polys, taylor):  # pragma: no cover - compiled
-    """The exact path for the elements the fast path was unsure of."""
+def _redo(x, out, unsure, words, polys, taylor, gelu):  # pragma: no cover - compiled
+    """The exact path for the elements the fast path was unsure of: erf(x), or GELU's steps when `gelu`."""
     for w in range(words.size):
         if words[w]:
             for i in range(8 * w, 8 * w + 8):
                 if unsure[i]:
-                    out[i] = np.float32(_erf64(np.float64(x[i]), polys, taylor))
+                    v = x[i]
+                    if gelu:
+                        e = np.float32(_erf64(np.float64(v / _SQRT2_F32), polys, taylor))
+                        out[i] = np.float32(0.5) * v * (np.float32(1.0) + e)
+                    else:
+                        out[i] = np.float32(_erf64(np.float64(v), polys, taylor))
 
 
 @numba.njit(cache=True)
@@ -157,11 +165,8 @@ def erf(x: np.ndarray) -> np.ndarray:
         parallel_call(_erf_fast_parallel, flat, out, unsure)
     else:
         _erf_fast_serial(flat, out, unsure)
-    _erf_redo(flat, out, unsure, words, *_tables())
+    _redo(flat, out, unsure, words, *_tables(), False)
     return out.reshape(x.shape)
-
-
-_SQRT2_F32 = np.float32(math.sqrt(2.0))
 
 
 # the same float32 steps as Div -> Erf -> Add -> Mul -> Mul, erf as in erf() (fast path, then the exact
@@ -175,17 +180,6 @@ def _gelu_fast(x, out, unsure):  # pragma: no cover - compiled
         unsure[i] = _unsure(r)
 
 
-@numba.njit(cache=True)
-def _gelu_redo(x, out, unsure, words, polys, taylor):  # pragma: no cover - compiled
-    for w in range(words.size):
-        if words[w]:
-            for i in range(8 * w, 8 * w + 8):
-                if unsure[i]:
-                    v = x[i]
-                    e = np.float32(_erf64(np.float64(v / _SQRT2_F32), polys, taylor))
-                    out[i] = np.float32(0.5) * v * (np.float32(1.0) + e)
-
-
 def gelu_erf(x: np.ndarray) -> np.ndarray:
     """0.5·x·(1 + erf(x / √2)) in one pass; float32 results equal the unfused op sequence."""
     if x.dtype != np.float32:
@@ -195,7 +189,7 @@ def gelu_erf(x: np.ndarray) -> np.ndarray:
     out = np.empty_like(flat)
     unsure, words = _unsure_flags(flat.size)
     parallel_call(_gelu_fast, flat, out, unsure)
-    _gelu_redo(flat, out, unsure, words, *_tables())
+    _redo(flat, out, unsure, words, *_tables(), True)
     return out.reshape(x.shape)
 
 
