@@ -221,3 +221,33 @@ def test_blocked_attention_equals_the_generic_kernel_bitwise(case, n):
             nn._sdpa = real
     np.testing.assert_array_equal(got, want)
     assert len(blocks) > 1  # these cases are large enough to be split
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+def test_a_forked_child_runs_split_forwards_with_fresh_workers():
+    """A child forked after the pool started has none of its threads: its forwards must not wait for them."""
+    import os
+
+    a, b = CASES["tall 2-D (rows split)"]
+    with threadpool_limits(limits=2, user_api="blas"):
+        with forward_threads():
+            want = matmul(a, b)  # the parent's pool now exists
+        pid = os.fork()
+        if pid == 0:  # the child: exit code 0 only if the split forward finishes and is right
+            code = 1
+            try:
+                with forward_threads():
+                    code = 0 if np.array_equal(matmul(a, b), want) else 3
+            finally:
+                os._exit(code)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child's forward hung")
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -14,9 +14,10 @@ reports it. While any rlx forward runs, the process's BLAS is single-threaded (r
 Each chunk is one single-threaded BLAS call (cblas_?gemm through ctypes, which drops the GIL; np.matmul with
 out= keeps it, so chunks written in place would run one at a time) over the whole inner dimension, so every
 output element is the same dot product as in the unsplit call (bitwise equal with OpenBLAS:
-tests/test_threads.py). Measured on this 2-core machine: with both cores free, the split GEMMs run 0.8-1.5x
-the time of OpenBLAS's own two threads (each chunk packs its operands again); with another process busy, a
-YOLO-like forward at two threads takes 25 ms where OpenBLAS's split took 104 ms.
+tests/test_threads.py). Measured on this 2-core machine: with both cores free, single GEMMs split this way
+take 0.8-2.1x the time of OpenBLAS's own two threads (each chunk packs its other operand again; small GEMMs
+pay the pool's wake-up); with another process busy, a YOLO-like forward at two threads takes 22-26 ms
+(best-median) where OpenBLAS's own split took 26-38 ms.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import os
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -38,10 +40,19 @@ _CHUNKS_PER_THREAD = 2     # enough chunks that a late thread is covered, few en
 _lock = threading.Lock()
 _active = 0                # forwards running (any thread); the first saves the BLAS's setting, the last restores
 _saved = 1
-_blas: list | None = None  # threadpoolctl's BLAS controllers, found once
+_blas: list | None = None  # the BLAS libraries rlx holds (_OpenBLAS), found once
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
 _local = threading.local()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of the parent's worker threads (and no forward running): start afresh."""
+    global _lock, _active, _pool, _pool_size
+    _lock, _active, _pool, _pool_size = threading.Lock(), 0, None, 0
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _OpenBLAS:
