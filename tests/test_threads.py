@@ -1,5 +1,7 @@
-"""rlx_runtime.threads: the forward's own threads. Split GEMMs equal the unsplit ones, the BLAS is single-threaded
-inside a forward and restored after it, and chunks are pulled dynamically (a stalled thread does not hold the rest)."""
+"""rlx_runtime.threads: the forward's own threads. Split GEMMs equal the unsplit ones up to the BLAS kernel's own
+summation order (bitwise with OpenBLAS's SkylakeX kernels, within a dot product's rounding bound on its Haswell
+ones), the BLAS is single-threaded inside a forward and restored after it, and chunks are pulled dynamically (a
+stalled thread does not hold the rest)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,15 @@ def _blas_threads() -> int:
 R = np.random.default_rng(0)
 
 
+def _assert_same_dot_products(got, want, a, b):
+    """got and want hold the same dot products over K terms, summed in possibly different orders: each element
+    may differ by at most K * eps * sum|a_i * b_i| (the classic bound for a reordered float sum, times 2)."""
+    assert got.shape == want.shape and got.dtype == want.dtype
+    k = a.shape[-1]
+    bound = 2 * k * np.finfo(want.dtype).eps * np.matmul(np.abs(a).astype(np.float64), np.abs(b).astype(np.float64))
+    assert np.all(np.abs(got.astype(np.float64) - want) <= bound), np.max(np.abs(got.astype(np.float64) - want) - bound)
+
+
 def _f(*shape, dtype=np.float32):
     return R.standard_normal(shape).astype(dtype)
 
@@ -42,15 +53,14 @@ CASES = {
 
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("n", [1, 2, 3])
-def test_split_matmul_equals_numpy_bitwise(case, n):
+def test_split_matmul_equals_numpy(case, n):
     a, b = CASES[case]
     with threadpool_limits(limits=1, user_api="blas"):
         want = np.matmul(a, b)  # one single-threaded BLAS call (OpenBLAS's own split can change the bits)
     with threadpool_limits(limits=n, user_api="blas"), forward_threads():
         assert threads_in_use() == n
         got = matmul(a, b)
-    assert got.shape == want.shape and got.dtype == want.dtype
-    np.testing.assert_array_equal(got, want)
+    _assert_same_dot_products(got, want, a, b)
 
 
 def test_int_and_mixed_dtypes_fall_back_to_numpy():
@@ -137,7 +147,7 @@ def test_outside_a_forward_nothing_is_split():
     assert calls == [0, 1, 2]
 
 
-def test_a_conv_and_attention_graph_gives_the_same_bits_at_one_and_two_threads():
+def test_a_conv_and_attention_graph_agrees_at_one_and_two_threads():
     from rlx_format import GraphBuilder
     from rlx_runtime import Session
 
@@ -154,7 +164,8 @@ def test_a_conv_and_attention_graph_gives_the_same_bits_at_one_and_two_threads()
     for n in (1, 2):
         with threadpool_limits(limits=n, user_api="blas"):
             outs.append(compiled.run(feeds)[compiled.output_names[0]])
-    np.testing.assert_array_equal(outs[0], outs[1])
+    # split GEMMs may sum in another order (OpenBLAS's Haswell kernels), the rest is the same computation
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-5 * float(np.abs(outs[0]).max()))
     assert threads._active == 0
 
 
@@ -176,7 +187,7 @@ def test_the_epilogue_sees_every_block_once(case):
         want = np.matmul(a, b) + row_bias[:, None]
     with threadpool_limits(limits=2, user_api="blas"), forward_threads():
         got = matmul(a, b, epilogue)
-    np.testing.assert_array_equal(got, want)
+    _assert_same_dot_products(got, want, a, b)
     assert sum((b1 - b0) * (r1 - r0) * (c1 - c0) for b0, b1, r0, r1, c0, c1 in seen) == want.size
     assert (len(seen) > 1) == (case != "small (not split)")
 

@@ -13,8 +13,10 @@ reports it. While any rlx forward runs, the process's BLAS is single-threaded (r
 
 Each chunk is one single-threaded BLAS call (cblas_?gemm through ctypes, which drops the GIL; np.matmul with
 out= keeps it, so chunks written in place would run one at a time) over the whole inner dimension, so every
-output element is the same dot product as in the unsplit call (bitwise equal with OpenBLAS:
-tests/test_threads.py). Measured on this 2-core machine: with both cores free, single GEMMs split this way
+output element is the same dot product as in the unsplit call, up to the order the BLAS kernel sums it in:
+OpenBLAS's SkylakeX kernels give the same bits however the output is split, its Haswell kernels round some
+elements differently at chunk edges (tests/test_threads.py bounds the difference as a dot product's).
+Measured on this 2-core machine: with both cores free, single GEMMs split this way
 take 0.8-2.1x the time of OpenBLAS's own two threads (each chunk packs its other operand again; small GEMMs
 pay the pool's wake-up); with another process busy, a YOLO-like forward at two threads takes 22-26 ms
 (best-median) where OpenBLAS's own split took 26-38 ms.
@@ -142,13 +144,24 @@ def _executor(workers: int) -> ThreadPoolExecutor:
 
 def run_chunks(count: int, fn: Callable[[int], None]) -> None:
     """fn(0) .. fn(count - 1), pulled by the caller and up to threads_in_use() - 1 workers; the first
-    exception is raised here after every taken chunk has finished."""
+    exception is raised here after every taken chunk has finished. Inside a chunk nothing splits again, on
+    the caller as on the workers (so a chunk's result does not depend on which thread ran it)."""
     workers = min(threads_in_use(), count) - 1
     if workers <= 0:
         for i in range(count):
             fn(i)
         return
     counter = itertools.count()
+    outer = getattr(_local, "threads", None)
+    _local.threads = 1
+    try:
+        _pull_with(counter, count, fn, workers)
+    finally:
+        _local.threads = outer
+
+
+def _pull_with(counter, count: int, fn: Callable[[int], None], workers: int) -> None:
+    """The caller and `workers` pool threads take chunk numbers from `counter` until `count`."""
 
     def pull() -> None:
         for i in counter:
