@@ -169,12 +169,13 @@ def test_empty_batch():
                                          ((1, 16, 64, 64), (32, 16, 3, 3), 1),   # columns split
                                          ((3, 16, 24, 24), (32, 16, 3, 3), 1),   # images split
                                          ((4, 32, 24, 24), (64, 8, 3, 3), 4)])   # images split, 4 groups
-@pytest.mark.parametrize("act", ["Sigmoid", "LeakyRelu"])
+@pytest.mark.parametrize("act", ["Sigmoid", "LeakyRelu", "Relu"])
 def test_fused_equals_unfused_when_the_gemm_is_split_over_two_threads(xs, ws, group, act, monkeypatch):
     from threadpoolctl import threadpool_limits
 
     g = _graph(xs, ws, {"pads": [1, 1, 1, 1], "group": group}, act, {"alpha": 0.1} if act == "LeakyRelu" else {})
     fused, ref = Session().compile(g), _unfused(g, monkeypatch)
-    feed = _inputs(xs)
+    feed = RNG.standard_normal(xs).astype(np.float32)  # finite: a NaN input makes most conv outputs NaN
     with threadpool_limits(limits=2, user_api="blas"):
         np.testing.assert_array_equal(fused.run({"x": feed})["act"], ref.run({"x": feed})["act"])
+
