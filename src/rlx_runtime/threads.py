@@ -169,7 +169,8 @@ def _pull_with(counter, count: int, fn: Callable[[int], None], workers: int) -> 
                 return
             fn(i)
 
-    futures = [_executor(workers).submit(pull) for _ in range(workers)]
+    pool = _executor(workers)
+    futures = [pool.submit(pull) for _ in range(workers)]
     error = None
     try:
         pull()
@@ -184,9 +185,10 @@ def _pull_with(counter, count: int, fn: Callable[[int], None], workers: int) -> 
         raise error
 
 
-def _bounds(length: int, threads: int, work: int = 0) -> list[int]:
+def _bounds(length: int, threads: int, work: int = 0, min_chunk: int = _MIN_CHUNK) -> list[int]:
+    """Chunk edges along `length`: a few chunks per thread (one for a long GEMM), each at least min_chunk."""
     per = 1 if work >= _BIG_WORK else _CHUNKS_PER_THREAD
-    chunks = max(1, min(threads * per, length // _MIN_CHUNK))
+    chunks = max(1, min(threads * per, length // min_chunk))
     return [length * i // chunks for i in range(chunks + 1)]
 
 
@@ -228,7 +230,8 @@ def _gemm_into(gemm, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
 def _matmul_2d(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None) -> np.ndarray:
     m, n = a.shape[0], b.shape[1]
     threads = threads_in_use()
-    gemm = _blas_controllers()[0].gemm.get(a.dtype) if _blas_controllers() else None
+    libs = _blas_controllers()
+    gemm = libs[0].gemm.get(a.dtype) if libs else None
     if threads <= 1 or gemm is None or m * n * a.shape[1] < _MIN_SPLIT_WORK or a.shape[1] == 0:
         return _whole(a, b, epilogue)
     out = np.empty((m, n), a.dtype)
@@ -274,15 +277,14 @@ def matmul(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None = None) -> np
     # chunks along the leading batch axis; an operand without it (or with size 1 there) is broadcast whole
     lead_a = a.ndim == out.ndim and a.shape[0] > 1
     lead_b = b.ndim == out.ndim and b.shape[0] > 1
-    edges = [batch[0] * i // min(batch[0], threads * _CHUNKS_PER_THREAD)
-             for i in range(min(batch[0], threads * _CHUNKS_PER_THREAD) + 1)]
+    edges = _bounds(batch[0], threads, min_chunk=1)
+    inner = out3.shape[0] // batch[0]  # matrices per step of the leading axis
 
     def chunk(i: int) -> None:
         s = slice(edges[i], edges[i + 1])
         # not np.matmul(out=...): with out= it keeps the GIL, and the chunks would run one at a time
         out[s] = np.matmul(a[s] if lead_a else a, b[s] if lead_b else b)
         if epilogue is not None:
-            inner = out3.shape[0] // batch[0]  # matrices per step of the leading axis
             epilogue(out3, edges[i] * inner, edges[i + 1] * inner, 0, m, 0, n)
 
     run_chunks(len(edges) - 1, chunk)
