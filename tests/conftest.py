@@ -43,6 +43,27 @@ def rng():
     return np.random.default_rng(1234)
 
 
+@pytest.fixture
+def big_scratch(tmp_path):
+    """For the multi-GB tests: `big_scratch(need_bytes)` checks the disk has room first (a clear failure instead of
+    an ENOSPC deep inside a subprocess) and returns a folder that is emptied after the test, passed or failed, so
+    gigabytes never pile up in pytest's retained temp folders."""
+    import shutil
+
+    folder = tmp_path / "big"
+
+    def claim(need_bytes: int):
+        free = shutil.disk_usage(tmp_path).free
+        if free < need_bytes + (1 << 30):  # 1 GiB left over for everything else on the machine
+            pytest.fail(f"{tmp_path}: this test writes {need_bytes / 2**30:.1f} GiB, but only {free / 2**30:.1f} GiB "
+                        f"is free there (with 1 GiB spare); free some disk or point --basetemp at a larger one")
+        folder.mkdir()
+        return folder
+
+    yield claim
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def run_op(op: str, inputs: list[np.ndarray], attrs: dict | None = None, consts: tuple[int, ...] = (),
            session=None) -> np.ndarray:
     """Build a one-node graph (inputs fed at run time, `consts` indices as constants) and run it

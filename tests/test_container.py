@@ -244,9 +244,10 @@ def test_encrypted_file_to_plaintext_reader(tmp_path):
 
 
 @pytest.mark.slow
-def test_offsets_past_4_gib(tmp_path):
+def test_offsets_past_4_gib(big_scratch):
     """2.5+ GiB artifact: offsets beyond 2^31 and 2^32 are 64-bit and read back correctly."""
     n = (900 << 20) // 4
+    tmp = big_scratch(5 * 4 * n + (64 << 20))
     g = GraphBuilder("big")
     g.input("x", "f32", [1])
     g.output("x")
@@ -255,7 +256,7 @@ def test_offsets_past_4_gib(tmp_path):
         a = np.zeros(n, np.float32)
         a[0], a[-1] = i + 1, -(i + 1)
         rf.weights[f"w{i}"] = Weight.plain(f"w{i}", a, "f32")
-    p = tmp_path / "big.rlx"
+    p = tmp / "big.rlx"
     write_rlx(p, rf)
     back = read_rlx(p)
     offs = []

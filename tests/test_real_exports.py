@@ -692,6 +692,23 @@ def test_light_corpus_is_complete():
     assert len(corpus.LIGHT) == 9
 
 
+def test_export_cache_prunes_only_other_keys_left_idle(tmp_path):
+    """The cache keeps one folder per (versions, corpus file) key; folders of other keys go once idle for half an
+    hour, so the cache stays one key's size (it had grown to 13 GB), and a checkout running now keeps its own."""
+    import os
+    import time
+    current, fresh, stale, other = (tmp_path / n for n in ("0123456789abcdef", "1111111111111111",
+                                                          "2222222222222222", "notes"))
+    for d in (current, fresh, stale, other):
+        d.mkdir()
+        (d / "m.onnx").write_bytes(b"x")
+    hour_ago = time.time() - 3600
+    for d in (current, stale, other):
+        os.utime(d, (hour_ago, hour_ago))
+    corpus._prune_stale_exports(current)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["0123456789abcdef", "1111111111111111", "notes"]
+
+
 def test_exported_bert_with_hoisting_and_shape_caching(export_cache):
     """The run-time Slice/Pad forms under cache_param_invariant + cache_shape_invariant, shapes revisited."""
     pytest.importorskip("transformers")
