@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ def test_cache_goes_to_the_per_user_directory(tmp_path):
     before = {p.name for p in (SRC / "__pycache__").glob("*.nbi")} if (SRC / "__pycache__").is_dir() else set()
     out = subprocess.run([sys.executable, "-c", _QUANTIZE], env=_env(tmp_path), check=True,
                          capture_output=True, text=True).stdout.strip()
-    assert Path(out) == tmp_path / "cache" / "rlx" / "numba"
+    assert Path(out) == tmp_path / "cache" / "rlx" / "numba" / f"src-{numba_setup.kernel_sources_digest()}"
     assert list(Path(out).rglob("quants._q8_0_blocks*.nbi"))  # the kernel was cached there
     after = {p.name for p in (SRC / "__pycache__").glob("*.nbi")} if (SRC / "__pycache__").is_dir() else set()
     assert after == before  # nothing new next to the sources
@@ -70,3 +71,30 @@ def test_temp_folder_owned_by_someone_else_is_not_used(tmp_path, monkeypatch):
     assert numba_setup.cache_dir() is None
     planted.chmod(0o700)
     assert numba_setup.cache_dir() == planted
+
+
+def test_kernel_cache_folder_follows_every_kernel_source(tmp_path):
+    """numba keys a cached kernel on its own file only, so a kernel inlining one from another module kept stale
+    code: the cache folder is per digest of all files that compile kernels, and only those."""
+    tree = tmp_path / "src"
+    for package in ("rlx_format", "rlx_runtime", "rlx_bake"):
+        (tree / package).mkdir(parents=True)
+    (tree / "rlx_runtime" / "ufuncs.py").write_text("@numba.njit\ndef f(): return 1\n")
+    (tree / "rlx_runtime" / "conv_kernels.py").write_text("@numba.njit\ndef g(): return f()\n")
+    (tree / "rlx_bake" / "cli.py").write_text("print('no kernels')\n")
+    first = numba_setup.kernel_sources_digest(tree)
+    (tree / "rlx_bake" / "cli.py").write_text("print('still none')\n")
+    assert numba_setup.kernel_sources_digest(tree) == first  # editing other files keeps the compiled kernels
+    (tree / "rlx_runtime" / "ufuncs.py").write_text("@numba.njit\ndef f(): return 2\n")
+    assert numba_setup.kernel_sources_digest(tree) != first
+
+
+def test_folders_of_other_sources_go_once_idle_for_a_week(tmp_path):
+    current, recent, stale, foreign = (tmp_path / n for n in ("src-aaaa", "src-bbbb", "src-cccc", "mine"))
+    for d in (current, recent, stale, foreign):
+        d.mkdir()
+    week_ago = time.time() - 8 * 86400
+    for d in (current, stale, foreign):
+        os.utime(d, (week_ago, week_ago))
+    numba_setup._prune_other_sources(current)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "src-aaaa", "src-bbbb"]

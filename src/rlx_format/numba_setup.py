@@ -3,15 +3,19 @@
 numba's `cache=True` writes compiled kernels next to the installed sources by default. A read-only
 install cannot cache, and two users sharing one writable install race on the same files (and could
 feed each other pickled cache entries). rlx points numba's cache at a per-user directory instead,
-unless the user chose one with NUMBA_CACHE_DIR. This module must be imported before any
+unless the user chose one with NUMBA_CACHE_DIR, in a subfolder per digest of rlx's kernel sources
+(`src-<digest>`; see kernel_sources_digest). This module must be imported before any
 `@numba.njit(cache=True)` decorator runs: numba picks the cache location at decoration time.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import stat
 import tempfile
+import time
 from pathlib import Path
 
 import numba
@@ -49,14 +53,50 @@ def cache_dir() -> Path | None:
     return None
 
 
+_PACKAGES = ("rlx_format", "rlx_runtime", "rlx_bake")
+_SOURCE_ROOT = Path(__file__).resolve().parent.parent  # the folder holding the rlx packages
+
+
+def kernel_sources_digest(root: Path = _SOURCE_ROOT) -> str:
+    """A digest of every rlx source file that compiles numba kernels. numba keys a cached kernel on its own
+    file's mtime and size only, so a kernel that inlines one from another module (the conv epilogue inlines
+    ufuncs.py's sigmoid loop) kept the old code after that module changed; the cache folder is per digest."""
+    h = hashlib.sha256()
+    for package in _PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            data = path.read_bytes()
+            if b"njit" in data:
+                h.update(str(path.relative_to(root)).encode() + b"\0" + data + b"\0")
+    return h.hexdigest()[:16]
+
+
+def _prune_other_sources(current: Path, idle_seconds: float = 7 * 86400) -> None:
+    """Kernels compiled from other rlx sources (an upgrade, a checkout of another commit) go once unused for a
+    week; the folder in use is touched at every import."""
+    for other in current.parent.glob("src-*"):
+        try:
+            if other != current and time.time() - other.stat().st_mtime > idle_seconds:
+                shutil.rmtree(other, ignore_errors=True)
+        except OSError:
+            pass
+
+
 def _configure() -> None:
     if os.environ.get("NUMBA_CACHE_DIR"):
-        return  # numba read it at import
-    d = cache_dir()
-    if d is not None:
-        numba.config.CACHE_DIR = str(d)
+        return  # numba read it at import (the user's folder: kept as given)
+    base = cache_dir()
+    if base is None:
+        return
+    d = base / f"src-{kernel_sources_digest()}"
+    try:
+        d.mkdir(mode=0o700, exist_ok=True)
+        os.utime(d)
+    except OSError:
+        return  # numba falls back to its own choice
+    _prune_other_sources(d)
+    numba.config.CACHE_DIR = str(d)
 
 
 _configure()
 
-__all__ = ["numba", "cache_dir"]
+__all__ = ["numba", "cache_dir", "kernel_sources_digest"]
