@@ -143,6 +143,12 @@ MUTANTS = [
     Mutant("conv_epilogue_group_bias", "FusedConv's per-block epilogue adds each group's own channel bias",
            (("rlx_runtime/conv_kernels.py", "bias[(bi % groups) * y.shape[1] + r]", "bias[r]"),),
            ("test_fused_conv.py",)),
+    Mutant("sigmoid_estrin_terms_swapped", "the sigmoid's Estrin form pairs each Taylor term with its own power",
+           (("rlx_runtime/ufuncs.py", "((c4 + c5 * r) + (c6 + c7 * r) * r2)", "((c4 + c5 * r) + (c7 + c6 * r) * r2)"),),
+           ("test_speed_kernels.py",)),
+    Mutant("kernel_cache_ignores_sources", "numba's cache folder changes with every file that compiles kernels",
+           (("rlx_format/numba_setup.py", '            if b"njit" in data:', "            if False:"),),
+           ("test_numba_cache.py",)),
 ]
 
 
