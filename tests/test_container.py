@@ -243,6 +243,13 @@ def test_encrypted_file_to_plaintext_reader(tmp_path):
         read_rlx_bytes(p.read_bytes())
 
 
+def test_big_scratch_skips_with_the_figures_when_the_disk_is_short(big_scratch):
+    with pytest.raises(pytest.skip.Exception, match=r"writes 931322\.6 GiB, but only [0-9.]+ GiB is free"):
+        big_scratch(10**15)
+    folder = big_scratch(1 << 20)
+    assert folder.is_dir() and not any(folder.iterdir())
+
+
 @pytest.mark.slow
 def test_offsets_past_4_gib(big_scratch):
     """2.5+ GiB artifact: offsets beyond 2^31 and 2^32 are 64-bit and read back correctly."""
