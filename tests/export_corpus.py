@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import importlib
 import os
-import re
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import numpy_helper
+
+from rlx_format.files import use_cache_folder
 
 LIGHT_DIR = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 
@@ -444,21 +445,15 @@ def cache_dir() -> Path:
         root = os.path.join(user_cache_dir("rlx"), "test-exports")
     d = Path(root) / key
     d.mkdir(parents=True, exist_ok=True)
-    os.utime(d)  # "in use": what _prune_stale_exports looks at
     _prune_stale_exports(d)
     return d
 
 
-def _prune_stale_exports(current: Path, idle_seconds: float = 1800) -> None:
-    """Remove the exports of other keys (another torch, another corpus file) not used for half an hour: each key
-    holds 1-2 GB, and every edit of this file makes a new one, so without this the cache grew to 13 GB in a day.
-    The grace period leaves a checkout of another version that runs at the same time its exports."""
-    import shutil
-    import time
-    for other in current.parent.iterdir():
-        if (other != current and other.is_dir() and re.fullmatch(r"[0-9a-f]{16}", other.name)
-                and time.time() - other.stat().st_mtime > idle_seconds):
-            shutil.rmtree(other, ignore_errors=True)
+def _prune_stale_exports(current: Path) -> None:
+    """Mark `current` in use; the exports of other keys (another torch, another corpus file) go once unused
+    for half an hour: each key holds 1-2 GB, and every edit of this file makes a new one (the cache had grown
+    to 13 GB in a day)."""
+    use_cache_folder(current, "[0-9a-f]" * 16, 1800)
 
 
 def _atomic_save(path: Path, write: Callable[[str], None]) -> Path:

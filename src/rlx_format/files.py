@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import os
 import secrets
+import shutil
 import stat
 import time
 from collections.abc import Callable
@@ -241,3 +242,17 @@ def atomic_write(path: str | os.PathLike, writer: Callable[[BinaryIO], Any], *, 
                 pass
         raise
     _fsync_dir(directory)
+
+
+def use_cache_folder(current: Path, siblings: str, idle_seconds: float) -> None:
+    """Mark the cache folder `current` as in use (its mtime) and remove the sibling folders matching the glob
+    `siblings` that have gone unused for `idle_seconds`: a cache keyed by versions gains a folder per version,
+    and an idle period, not "every other key", spares a checkout of another version running at the same time."""
+    os.utime(current)
+    now = time.time()
+    for other in current.parent.glob(siblings):
+        try:
+            if other != current and other.is_dir() and now - other.stat().st_mtime > idle_seconds:
+                shutil.rmtree(other, ignore_errors=True)
+        except OSError:
+            pass

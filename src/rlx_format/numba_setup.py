@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import stat
 import tempfile
-import time
 from pathlib import Path
 
 import numba
 import platformdirs
+
+from .files import use_cache_folder
 
 
 def _usable(d: Path, *, private: bool) -> bool:
@@ -70,15 +70,10 @@ def kernel_sources_digest(root: Path = _SOURCE_ROOT) -> str:
     return h.hexdigest()[:16]
 
 
-def _prune_other_sources(current: Path, idle_seconds: float = 7 * 86400) -> None:
-    """Kernels compiled from other rlx sources (an upgrade, a checkout of another commit) go once unused for a
-    week; the folder in use is touched at every import."""
-    for other in current.parent.glob("src-*"):
-        try:
-            if other != current and time.time() - other.stat().st_mtime > idle_seconds:
-                shutil.rmtree(other, ignore_errors=True)
-        except OSError:
-            pass
+def _prune_other_sources(current: Path) -> None:
+    """Mark `current` in use; kernels compiled from other rlx sources (an upgrade, a checkout of another
+    commit) go once unused for a week."""
+    use_cache_folder(current, "src-*", 7 * 86400)
 
 
 def _configure() -> None:
@@ -90,10 +85,9 @@ def _configure() -> None:
     d = base / f"src-{kernel_sources_digest()}"
     try:
         d.mkdir(mode=0o700, exist_ok=True)
-        os.utime(d)
+        _prune_other_sources(d)
     except OSError:
         return  # numba falls back to its own choice
-    _prune_other_sources(d)
     numba.config.CACHE_DIR = str(d)
 
 
