@@ -47,6 +47,32 @@ def best_of(fn: Callable[[], object], repeat: int = 7, number: int = 1) -> float
     return best
 
 
+_SETTLE_S = 0.2  # idle time before each round: the other engine's spinning worker threads go back to sleep
+
+
+def best_interleaved(a, b, repeat: int = 9, number: int = 2) -> tuple[float, float]:
+    """Best per-call times of a and b, timed in alternating rounds so that a load change on a shared
+    machine hits both sides alike. Each round starts after a short idle pause (onnxruntime's intra-op
+    threads, and OpenBLAS's, spin for a while after a run and would otherwise take a core from the engine
+    timed next) and one untimed call (which wakes that engine's threads and cores from idle), so each
+    engine is timed in its steady state in its own quiet window."""
+    a(), b()
+    best_a = best_b = float("inf")
+    for _ in range(repeat):
+        for fn, slot in ((a, 0), (b, 1)):
+            time.sleep(_SETTLE_S)
+            fn()
+            t = time.perf_counter()
+            for _ in range(number):
+                fn()
+            dt = (time.perf_counter() - t) / number
+            if slot == 0:
+                best_a = min(best_a, dt)
+            else:
+                best_b = min(best_b, dt)
+    return best_a, best_b
+
+
 def rss_mb() -> float:
     with open("/proc/self/status") as f:
         for line in f:

@@ -19,7 +19,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 import warnings
 from pathlib import Path
 
@@ -29,7 +28,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 from threadpoolctl import threadpool_limits
 
-from common import Row, env_note, print_rows
+from common import Row, best_interleaved, env_note, print_rows
 from rlx_bake import BakeOptions, bake
 from rlx_bake.onnx import import_onnx
 from rlx_format import read_rlx, write_rlx
@@ -109,32 +108,6 @@ def minilm() -> tuple[onnx.ModelProto, dict, object, dict]:
             bench_minilm.minilm.build_graph(config), weights)
 
 
-_SETTLE_S = 0.2  # idle time before each round: the other engine's spinning worker threads go back to sleep
-
-
-def _best_interleaved(a, b, repeat: int = 9, number: int = 2) -> tuple[float, float]:
-    """Best per-call times of a and b, timed in alternating rounds so that a load change on a shared
-    machine hits both sides alike. Each round starts after a short idle pause (onnxruntime's intra-op
-    threads, and OpenBLAS's, spin for a while after a run and would otherwise take a core from the engine
-    timed next) and one untimed call (which wakes that engine's threads and cores from idle), so each
-    engine is timed in its steady state in its own quiet window."""
-    a(), b()
-    best_a = best_b = float("inf")
-    for _ in range(repeat):
-        for fn, slot in ((a, 0), (b, 1)):
-            time.sleep(_SETTLE_S)
-            fn()
-            t = time.perf_counter()
-            for _ in range(number):
-                fn()
-            dt = (time.perf_counter() - t) / number
-            if slot == 0:
-                best_a = min(best_a, dt)
-            else:
-                best_b = min(best_b, dt)
-    return best_a, best_b
-
-
 _FIRST = """
 import sys, time
 if sys.argv[2] == "without-scipy":  # as in a deploy venv: scipy is not an rlx dependency, but numba imports it
@@ -212,7 +185,7 @@ def main(profile: bool = False) -> list[Row]:
                     for r, o in zip(ref, compiled.output_names):
                         np.testing.assert_allclose(out[o], r, rtol=2e-3, atol=2e-4)
                 with _set_threads(n):
-                    t_rlx, t_ort = _best_interleaved(lambda c=compiled, f=feeds: c.run(f),
+                    t_rlx, t_ort = best_interleaved(lambda c=compiled, f=feeds: c.run(f),
                                                      lambda s=sess, f=feeds: s.run(None, f))
                     if profile:
                         _print_profile(name, n, compiled, feeds)

@@ -147,8 +147,14 @@ MUTANTS = [
            (("rlx_runtime/ufuncs.py", "((c4 + c5 * r) + (c6 + c7 * r) * r2)", "((c4 + c5 * r) + (c7 + c6 * r) * r2)"),),
            ("test_speed_kernels.py",)),
     Mutant("kernel_cache_ignores_sources", "numba's cache folder changes with every file that compiles kernels",
-           (("rlx_format/numba_setup.py", '            if b"njit" in data:', "            if False:"),),
+           (("rlx_format/numba_setup.py", 'if b"njit" in data or b"@intrinsic" in data:', "if False:"),),
            ("test_numba_cache.py",)),
+    Mutant("simd_scale_group_shares_one_d", "each block of a scale group gets its own fp16 d",
+           (("rlx_runtime/simd.py", "ds, ir.Constant(_I32, k)) for k", "ds, ir.Constant(_I32, 0)) for k"),),
+           ("test_simd_kernels.py",)),
+    Mutant("simd_dot_skips_the_remainder", "the blocks after the last whole scale group are summed too",
+           (("rlx_runtime/simd.py", "_block_loop(builder, rest, nb, state", "_block_loop(builder, rest, rest, state"),),
+           ("test_simd_kernels.py",)),
 ]
 
 

@@ -264,6 +264,10 @@ def _targets() -> dict[str, dict[str, str]]:
     }
 
 
+# the fused Q8_0 / TQ2_0 dots are explicit vector IR (rlx_runtime/simd.py): one summation order everywhere
+_SAME_BITS_DQMM = ("dqmm/gguf_q8_0/3", "dqmm/gguf_tq2_0/3")
+
+
 @pytest.fixture(scope="module")
 def host_results():
     return compute()
@@ -280,7 +284,8 @@ def test_kernels_give_the_same_results_on_other_cpu_targets(target, host_results
         other = {k.replace("__", "/"): z[k] for k in z.files}
     assert other.keys() == host_results.keys()
     for name, host in host_results.items():
-        if name.startswith("dqmm/"):  # summation order may differ: same NaN/Inf pattern, close values
+        if name.startswith("dqmm/") and name not in _SAME_BITS_DQMM:  # BLAS or numba's vectorizer: the
+            # summation order may differ: same NaN/Inf pattern, close values
             np.testing.assert_array_equal(np.isnan(other[name]), np.isnan(host), err_msg=name)
             np.testing.assert_array_equal(np.isinf(other[name]), np.isinf(host), err_msg=name)
             fin = np.isfinite(host)

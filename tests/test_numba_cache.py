@@ -86,7 +86,14 @@ def test_kernel_cache_folder_follows_every_kernel_source(tmp_path):
     (tree / "rlx_bake" / "cli.py").write_text("print('still none')\n")
     assert numba_setup.kernel_sources_digest(tree) == first  # editing other files keeps the compiled kernels
     (tree / "rlx_runtime" / "ufuncs.py").write_text("@numba.njit\ndef f(): return 2\n")
-    assert numba_setup.kernel_sources_digest(tree) != first
+    second = numba_setup.kernel_sources_digest(tree)
+    assert second != first
+    # intrinsics (simd.py) hold no njit but are compiled into the kernels that call them
+    (tree / "rlx_runtime" / "simd.py").write_text("@intrinsic\ndef v(typingctx): pass\n")
+    third = numba_setup.kernel_sources_digest(tree)
+    assert third != second
+    (tree / "rlx_runtime" / "simd.py").write_text("@intrinsic\ndef v(typingctx): return None\n")
+    assert numba_setup.kernel_sources_digest(tree) != third
 
 
 def test_folders_of_other_sources_go_once_idle_for_a_week(tmp_path):

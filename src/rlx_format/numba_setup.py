@@ -58,14 +58,15 @@ _SOURCE_ROOT = Path(__file__).resolve().parent.parent  # the folder holding the 
 
 
 def kernel_sources_digest(root: Path = _SOURCE_ROOT) -> str:
-    """A digest of every rlx source file that compiles numba kernels. numba keys a cached kernel on its own
+    """A digest of every rlx source file that compiles numba kernels or defines code they inline (numba
+    intrinsics: rlx_runtime/simd.py). numba keys a cached kernel on its own
     file's mtime and size only, so a kernel that inlines one from another module (the conv epilogue inlines
     ufuncs.py's sigmoid loop) kept the old code after that module changed; the cache folder is per digest."""
     h = hashlib.sha256()
     for package in _PACKAGES:
         for path in sorted((root / package).rglob("*.py")):
             data = path.read_bytes()
-            if b"njit" in data:
+            if b"njit" in data or b"@intrinsic" in data:
                 h.update(str(path.relative_to(root)).encode() + b"\0" + data + b"\0")
     return h.hexdigest()[:16]
 

@@ -18,6 +18,7 @@ from rlx_format.codecs import CODECS, get_codec
 from rlx_format.quants import block_fields, dequantize, dequantize_fields
 
 from .packed import tiled_matmul
+from .simd import q8_0_row_decode, q8_0_row_dot, tq2_0_row_decode, tq2_0_row_dot
 from .threads import matmul
 
 prange = numba.prange
@@ -60,72 +61,34 @@ _DOT_MATH = {"reassoc", "contract"}
 # faster than a per-block dot on AVX-512), and lanes are summed once per output.
 
 
-@numba.njit(cache=True, parallel=True, fastmath=_DOT_MATH)
-def _q8_0_fused(x, pk, pk8, out):  # x (M,K) f32; pk (N,RB) u8; pk8 same bytes as int8
-    M, K = x.shape
-    nb = K // 32
+# Q8_0 and TQ2_0 rows go through the explicit-vector intrinsics of simd.py (numba's vectorizer left these
+# loops scalar or half-vectorized): parallel over output rows for the fused dot, one thread for a row tile.
+@numba.njit(cache=True, parallel=True)
+def _q8_0_fused(x, pk, out):  # x (M,K) f32; pk (N, K/32*34) u8
     for n in prange(pk.shape[0]):
-        prow = pk[n]
-        qrow = pk8[n]
-        acc = np.zeros((M, 32), np.float32)
-        for b in range(nb):
-            o = b * 34
-            d = _half(prow[o], prow[o + 1])
-            for m in range(M):
-                for i in range(32):
-                    acc[m, i] += d * (np.float32(qrow[o + 2 + i]) * x[m, b * 32 + i])
-        for m in range(M):
-            out[m, n] = acc[m].sum()
+        for m in range(x.shape[0]):
+            out[m, n] = q8_0_row_dot(pk[n], x[m])
 
 
-@numba.njit(cache=True, parallel=True, fastmath=_DOT_MATH)
+@numba.njit(cache=True, parallel=True)
 def _tq2_0_fused(x, pk, out):
-    M, K = x.shape
-    nb = K // 256
     for n in prange(pk.shape[0]):
-        prow = pk[n]
-        acc = np.zeros((M, 32), np.float32)
-        for b in range(nb):
-            o = b * 66
-            d = _half(prow[o + 64], prow[o + 65])
-            for j in range(2):
-                for l in range(4):
-                    base = b * 256 + j * 128 + l * 32
-                    for m in range(M):
-                        for i in range(32):
-                            q = np.float32((prow[o + j * 32 + i] >> (2 * l)) & 3) - np.float32(1.0)
-                            acc[m, i] += d * (q * x[m, base + i])
-        for m in range(M):
-            out[m, n] = acc[m].sum()
+        for m in range(x.shape[0]):
+            out[m, n] = tq2_0_row_dot(pk[n], x[m])
 
 
-# Tile dequantization runs on one thread: BLAS uses the cores for the GEMM right after, and a
-# parallel dequant measured slower (20-21 ms vs 17.6 ms for a batch-32 4096^2 DequantMatMul here).
+# Tile decoding runs on one thread: BLAS uses the cores for the GEMM right after, and a parallel decode
+# measured slower (20-21 ms vs 17.6 ms for a batch-32 4096^2 DequantMatMul here).
 @numba.njit(cache=True, nogil=True)
-def _q8_0_rows(pk, pk8, n0, n1, buf):  # dequantize rows n0..n1 into buf[:n1-n0]
-    nb = buf.shape[1] // 32
+def _q8_0_rows(pk, n0, n1, buf):  # decode rows n0..n1 into buf[:n1-n0]
     for r in range(n1 - n0):
-        prow, qrow, brow = pk[n0 + r], pk8[n0 + r], buf[r]  # 1-D rows vectorize better
-        for b in range(nb):
-            o = b * 34
-            d = _half(prow[o], prow[o + 1])
-            for i in range(32):
-                brow[b * 32 + i] = np.float32(qrow[o + 2 + i]) * d
+        q8_0_row_decode(pk[n0 + r], buf[r])
 
 
 @numba.njit(cache=True, nogil=True)
 def _tq2_0_rows(pk, n0, n1, buf):
-    nb = buf.shape[1] // 256
     for r in range(n1 - n0):
-        prow, brow = pk[n0 + r], buf[r]
-        for b in range(nb):
-            o = b * 66
-            d = _half(prow[o + 64], prow[o + 65])
-            for j in range(2):
-                for l in range(4):
-                    for i in range(32):
-                        q = np.float32((prow[o + j * 32 + i] >> (2 * l)) & 3) - np.float32(1.0)
-                        brow[b * 256 + j * 128 + l * 32 + i] = q * d
+        tq2_0_row_decode(pk[n0 + r], buf[r])
 
 
 # Block decoders for the types without hand-written kernels: decode block `o` (byte offset) of a packed
@@ -298,24 +261,8 @@ def _decoder_kernels(dec: str, block: int, nbytes: int) -> tuple:
             lambda pk, n0, n1, buf: _block_rows(pk, n0, n1, buf, kind, block, nbytes))
 
 
-@numba.njit(cache=True, parallel=True, fastmath=_DOT_MATH)
-def _q8_0_gemv(x, pk, pk8, out):  # one input row: a 1-D accumulator the lane loop keeps in registers
-    nb = x.shape[1] // 32
-    xr = x[0]
-    for n in prange(pk.shape[0]):
-        prow = pk[n]
-        qrow = pk8[n]
-        acc = np.zeros(32, np.float32)
-        for b in range(nb):
-            o = b * 34
-            d = _half(prow[o], prow[o + 1])
-            for i in range(32):
-                acc[i] += d * (np.float32(qrow[o + 2 + i]) * xr[b * 32 + i])
-        out[0, n] = acc.sum()
-
-
 def q8_0_fused(x2, pk, out):
-    parallel_call(_q8_0_gemv if x2.shape[0] == 1 else _q8_0_fused, x2, pk, pk.view(np.int8), out)
+    parallel_call(_q8_0_fused, x2, pk, out)
 
 
 def tq2_0_fused(x2, pk, out):
@@ -323,7 +270,7 @@ def tq2_0_fused(x2, pk, out):
 
 
 def q8_0_rows(pk, n0, n1, buf):
-    _q8_0_rows(pk, pk.view(np.int8), n0, n1, buf)
+    _q8_0_rows(pk, n0, n1, buf)
 
 
 def tq2_0_rows(pk, n0, n1, buf):

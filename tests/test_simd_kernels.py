@@ -1,0 +1,106 @@
+"""The explicit-vector Q8_0 / TQ2_0 kernels (rlx_runtime/simd.py) behind DequantMatMul and Dequantize.
+
+Oracles: the numpy reference decoders (bit-exact for decoding) and a float64 matmul of the decoded weight (for
+the dots). Sizes are chosen to hit every loop of the kernels: fewer blocks than one scale group, whole groups
+only, groups plus a remainder, and a tiled matmul whose last tile is short.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlx_format.quants import dequantize, quantize
+from rlx_runtime import quant_kernels
+from rlx_runtime.simd import GROUP, Q8_0_BYTES, TQ2_0_BYTES
+
+R = np.random.default_rng(11)
+CODECS = {"gguf_q8_0": (32, Q8_0_BYTES, 0), "gguf_tq2_0": (256, TQ2_0_BYTES, 64)}  # block, bytes, d offset
+
+
+def _every_scale(enc: str) -> np.ndarray:
+    """Packed rows whose blocks carry every fp16 bit pattern as d (subnormals, Inf, NaN included), one per row,
+    with all codes +1."""
+    block, nbytes, at = CODECS[enc]
+    h = np.arange(1 << 16, dtype=np.uint32)
+    p = np.zeros((h.size, nbytes), np.uint8)
+    p[:, :at] = 1 if enc == "gguf_q8_0" else 0b10101010  # Q8_0: int8 +1; TQ2_0: code 2 (= +1) in all 4 slots
+    p[:, at + 2:] = 1
+    p[:, at], p[:, at + 1] = h & 255, h >> 8
+    return p
+
+
+@pytest.mark.parametrize("enc", list(CODECS))
+def test_row_decoder_is_bit_exact_for_every_fp16_scale(enc):
+    """The decoder converts each block's fp16 scale from its bits (no table): every pattern must give what the
+    reference decoder gives, to the bit (NaN payloads too)."""
+    block = CODECS[enc][0]
+    p = _every_scale(enc)
+    buf = np.empty((p.shape[0], block), np.float32)
+    quant_kernels._CPU[enc][1](p, 0, p.shape[0], buf)
+    with np.errstate(invalid="ignore"):
+        ref = dequantize(p, enc).reshape(p.shape[0], block)
+    np.testing.assert_array_equal(buf.view(np.uint32), ref.view(np.uint32))
+
+
+@pytest.mark.parametrize("enc", list(CODECS))
+@pytest.mark.parametrize("blocks", [1, 3, GROUP, 2 * GROUP, GROUP + 5, 3 * GROUP + 1])
+def test_row_decoder_matches_the_reference_on_every_loop(enc, blocks):
+    block = CODECS[enc][0]
+    w = (R.standard_normal((7, blocks * block)) * np.exp(R.standard_normal((7, 1)) * 4)).astype(np.float32)
+    p = quantize(w, enc)
+    buf = np.full((4, blocks * block), np.nan, np.float32)
+    quant_kernels._CPU[enc][1](p, 2, 6, buf)  # rows 2..5 of the packed weight into the tile's first rows
+    np.testing.assert_array_equal(buf, dequantize(p, enc).reshape(7, -1)[2:6])
+
+
+def _dot_tolerance(x: np.ndarray, wd: np.ndarray) -> np.ndarray:
+    """A float32 sum's error bound scale: sum |x| |w| times a few ulps per term of the reduction depth."""
+    return (np.abs(x).astype(np.float64) @ np.abs(wd).T.astype(np.float64)) * 2e-6 * np.log2(x.shape[1] + 2)
+
+
+@pytest.mark.parametrize("enc", list(CODECS))
+@pytest.mark.parametrize("blocks", [1, 3, GROUP, GROUP + 5, 3 * GROUP + 1])
+@pytest.mark.parametrize("m", [1, 4, quant_kernels.FUSED_MAX_ROWS])
+def test_fused_dot_matches_a_float64_matmul(enc, blocks, m):
+    block = CODECS[enc][0]
+    n, k = 37, blocks * block
+    w = R.standard_normal((n, k)).astype(np.float32)
+    w[3] *= 1e-3  # blocks of very different scales in one output
+    p = quantize(w, enc)
+    wd = dequantize(p, enc).reshape(n, k)
+    x = R.standard_normal((m, k)).astype(np.float32)
+    out = quant_kernels.dequant_matmul(x, p, enc, n, k)
+    ref = x.astype(np.float64) @ wd.T.astype(np.float64)
+    assert np.all(np.abs(out - ref) <= _dot_tolerance(x, wd)), np.abs(out - ref).max()
+
+
+@pytest.mark.parametrize("enc", list(CODECS))
+def test_tiled_path_with_a_short_last_tile(enc):
+    """More rows than the fused kernel takes: the weight is decoded in row tiles (the last one short) and each
+    tile multiplied through BLAS into its block of the output."""
+    block = CODECS[enc][0]
+    n, k, m = quant_kernels.TILE_ROWS + 45, 2 * block, quant_kernels.FUSED_MAX_ROWS + 9
+    w = R.standard_normal((n, k)).astype(np.float32)
+    p = quantize(w, enc)
+    wd = dequantize(p, enc).reshape(n, k)
+    x = R.standard_normal((m, k)).astype(np.float32)
+    out = quant_kernels.dequant_matmul(x, p, enc, n, k)
+    assert out.flags.c_contiguous and out.shape == (m, n)
+    np.testing.assert_allclose(out, x.astype(np.float64) @ wd.T.astype(np.float64), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("enc", list(CODECS))
+def test_fused_dot_propagates_nan_and_inf(enc):
+    block = CODECS[enc][0]
+    w = R.standard_normal((4, 2 * block)).astype(np.float32)
+    p = quantize(w, enc)
+    x = R.standard_normal((3, 2 * block)).astype(np.float32)
+    x[0, 5], x[1, block + 1] = np.nan, np.inf
+    out = quant_kernels.dequant_matmul(x, p, enc, 4, 2 * block)
+    wd = dequantize(p, enc).reshape(4, -1)
+    with np.errstate(invalid="ignore"):
+        ref = x.astype(np.float64) @ wd.T.astype(np.float64)
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
+    np.testing.assert_array_equal(np.isinf(out), np.isinf(ref))
+    assert np.all(np.isfinite(out[2]))
