@@ -219,19 +219,30 @@ def _blas_operand(x: np.ndarray) -> tuple[np.ndarray, int, int]:
     return x, _NO_TRANS, max(1, x.shape[1])
 
 
-def _gemm_into(gemm, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-    """out[:] = a @ b for 2-D views (out's rows contiguous), one single-threaded BLAS call without the GIL."""
+def float_gemm(dtype) -> Callable | None:
+    """The cblas sgemm/dgemm of the BLAS rlx manages, for float32/float64 (None: no such BLAS or dtype)."""
+    libs = _blas_controllers()
+    return libs[0].gemm.get(np.dtype(dtype)) if libs else None
+
+
+def _gemm_into(gemm, a: np.ndarray, b: np.ndarray, out: np.ndarray, beta: float = 0.0) -> None:
+    """out[:] = a @ b + beta * out for 2-D views (out's rows contiguous), one single-threaded BLAS call without
+    the GIL."""
     (a, ta, lda), (b, tb, ldb) = _blas_operand(a), _blas_operand(b)
     m, k = a.shape
-    gemm(_ROW_MAJOR, ta, tb, m, b.shape[1], k, 1.0, a.ctypes.data, lda, b.ctypes.data, ldb, 0.0, out.ctypes.data,
+    gemm(_ROW_MAJOR, ta, tb, m, b.shape[1], k, 1.0, a.ctypes.data, lda, b.ctypes.data, ldb, beta, out.ctypes.data,
          out.strides[0] // out.itemsize)
+
+
+def gemm_into(a: np.ndarray, b: np.ndarray, out: np.ndarray, beta: float = 0.0) -> None:
+    """_gemm_into with the BLAS's GEMM for a's dtype (see float_gemm; callers check that there is one)."""
+    _gemm_into(float_gemm(a.dtype), a, b, out, beta)
 
 
 def _matmul_2d(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None) -> np.ndarray:
     m, n = a.shape[0], b.shape[1]
     threads = threads_in_use()
-    libs = _blas_controllers()
-    gemm = libs[0].gemm.get(a.dtype) if libs else None
+    gemm = float_gemm(a.dtype)
     if threads <= 1 or gemm is None or m * n * a.shape[1] < _MIN_SPLIT_WORK or a.shape[1] == 0:
         return _whole(a, b, epilogue)
     out = np.empty((m, n), a.dtype)

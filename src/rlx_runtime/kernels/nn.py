@@ -155,6 +155,10 @@ def conv_nobias(xp, a, x, w, epilogue=None):
     n, c = x.shape[:2]
     o, k = w.shape[0], w.shape[2:]
     out_sp = [window_count(x.shape[2 + i], k[i], strides[i], dil[i], pads[i], pads[i + nsp]) for i in range(nsp)]
+    if xp is np:
+        from ..conv_shifted import conv2d_shifted, use_shifted
+        if use_shifted(x, w, strides, g, out_sp):
+            return conv2d_shifted(x, w, dil, pads, out_sp, epilogue)
     if all(ki == 1 for ki in k) and not any(pads):
         # 1x1: the (strided) input itself is the column matrix; no copy when the stride is 1
         cols = x[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in strides)]

@@ -1,0 +1,166 @@
+"""Stride-1 convs computed as one GEMM per kernel offset over shifted views of the padded input
+(rlx_runtime/conv_shifted.py), checked against onnxruntime, the im2col path and the FusedConv contract.
+
+The size thresholds that pick the path are lowered in most tests (so small shapes take it); one test checks
+which real shapes take it at the shipped thresholds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+from threadpoolctl import threadpool_limits
+
+import rlx_runtime.passes.pipeline as pipeline
+from rlx_format import GraphBuilder
+from rlx_runtime import Session, conv_shifted
+from rlx_runtime.kernels import nn
+
+RNG = np.random.default_rng(5)
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the TorchScript exporter
+# (x shape, w shape, conv attrs): asymmetric pads, dilation, batch, non-square kernels and inputs, no pads
+CASES = [
+    ((1, 5, 9, 11), (4, 5, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ((2, 3, 8, 13), (6, 3, 3, 3), {"pads": [0, 2, 1, 0]}),
+    ((1, 4, 12, 12), (3, 4, 3, 3), {"pads": [2, 2, 2, 2], "dilations": [2, 2]}),
+    ((1, 2, 10, 9), (5, 2, 5, 5), {"pads": [2, 2, 2, 2]}),
+    ((1, 3, 7, 16), (2, 3, 1, 3), {"pads": [0, 1, 0, 1], "dilations": [1, 3]}),
+    ((1, 3, 9, 9), (4, 3, 3, 3), {}),  # no padding: the output is smaller than the input
+]
+
+
+@pytest.fixture
+def always_shifted(monkeypatch):
+    monkeypatch.setattr(conv_shifted, "MIN_COLUMN_BYTES", 0)
+    monkeypatch.setattr(conv_shifted, "MIN_OUT_WIDTH", 1)
+    calls = []
+    real = conv_shifted.conv2d_shifted
+    monkeypatch.setattr(conv_shifted, "conv2d_shifted", lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
+def _onnx_conv(xs, w, b, attrs) -> bytes:
+    node = helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)
+    g = helper.make_graph([node], "c", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(xs))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m.SerializeToString()
+
+
+def _rlx_conv(xs, w, b, attrs, act=None):
+    g = GraphBuilder("c")
+    x = g.input("x", "f32", list(xs))
+    y = g.op("Conv", x, g.constant(w, name="w"), g.constant(b, name="b"), name="conv", **attrs)
+    g.output(g.op(act, y, name="act") if act else y)
+    return g.build()
+
+
+@pytest.mark.parametrize("xs,ws,attrs", CASES, ids=str)
+def test_matches_onnxruntime(xs, ws, attrs, always_shifted):
+    w = RNG.standard_normal(ws).astype(np.float32)
+    b = RNG.standard_normal(ws[0]).astype(np.float32)
+    x = RNG.standard_normal(xs).astype(np.float32)
+    ref = ort.InferenceSession(_onnx_conv(xs, w, b, attrs), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    got = Session().compile(_rlx_conv(xs, w, b, attrs)).run({"x": x})["conv"]
+    assert always_shifted, "the shifted path did not run"
+    assert got.shape == ref[0].shape
+    np.testing.assert_allclose(got, ref[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("xs,ws,attrs", CASES[:3], ids=str)
+def test_agrees_with_im2col_and_float64(xs, ws, attrs, always_shifted, monkeypatch):
+    a = {"strides": None, "dilations": None, "pads": None, "group": 1, **attrs}
+    x = RNG.standard_normal(xs).astype(np.float32)
+    w = RNG.standard_normal(ws).astype(np.float32)
+    got = nn.conv_nobias(np, a, x, w)
+    assert always_shifted
+    exact = nn.conv_nobias(np, a, x.astype(np.float64), w.astype(np.float64))  # float64: im2col
+    monkeypatch.setattr(conv_shifted, "MIN_COLUMN_BYTES", 1 << 62)
+    im2col = nn.conv_nobias(np, a, x, w)
+    assert len(always_shifted) == 1
+    bound = np.abs(x).max() * np.abs(w).sum(axis=(1, 2, 3)).max() * 1e-6
+    assert np.abs(got - exact).max() <= bound and np.abs(im2col - exact).max() <= bound
+
+
+def _unfused(graph, monkeypatch):
+    with monkeypatch.context() as m:
+        m.setattr(pipeline, "FUSE_CONV", pipeline.Pass("fuse_conv", lambda g, ctx: pipeline.PassResult(g, False)))
+        return Session().compile(graph)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("act", ["Silu", "Relu", "Sigmoid"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_fused_equals_unfused(act, threads, always_shifted, monkeypatch):
+    """The FusedConv epilogue runs on each finished block of rows (several threads at 2): the values must be
+    the unfused Conv + activation's, bit for bit, NaN and Inf included."""
+    xs, ws, attrs = (1, 6, 23, 30), (8, 6, 3, 3), {"pads": [1, 1, 1, 1]}
+    g = _rlx_conv(xs, RNG.standard_normal(ws).astype(np.float32), RNG.standard_normal(8).astype(np.float32),
+                  attrs, act)
+    fused, ref = Session().compile(g), _unfused(g, monkeypatch)
+    assert [n.op for n in fused.graph.nodes] == ["FusedConv"]
+    x = RNG.standard_normal(xs).astype(np.float32)
+    x.reshape(-1)[::37] = np.nan
+    x.reshape(-1)[5::41] = np.inf
+    with threadpool_limits(threads, "blas"):
+        np.testing.assert_array_equal(fused.run({"x": x})["act"], ref.run({"x": x})["act"])
+    assert always_shifted
+
+
+def test_two_threads_agree_with_one(always_shifted):
+    xs, ws = (2, 16, 40, 37), (24, 16, 3, 3)
+    g = _rlx_conv(xs, RNG.standard_normal(ws).astype(np.float32), RNG.standard_normal(24).astype(np.float32),
+                  {"pads": [1, 1, 1, 1]})
+    c = Session().compile(g)
+    x = RNG.standard_normal(xs).astype(np.float32)
+    with threadpool_limits(1, "blas"):
+        one = c.run({"x": x})["conv"]
+    with threadpool_limits(2, "blas"):
+        two = c.run({"x": x})["conv"]
+    np.testing.assert_allclose(two, one, rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("xs,ws,attrs,taken", [
+    ((1, 192, 40, 40), (64, 192, 3, 3), {"pads": [1, 1, 1, 1]}, True),  # the YOLO-like neck conv
+    ((1, 64, 56, 56), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}, True),  # ResNet-50's first stage
+    ((1, 512, 7, 7), (512, 512, 3, 3), {"pads": [1, 1, 1, 1]}, False),  # narrow output: im2col measured faster
+    ((1, 192, 40, 40), (64, 192, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}, False),
+    ((1, 192, 40, 40), (64, 96, 3, 3), {"pads": [1, 1, 1, 1], "group": 2}, False),
+    ((1, 192, 40, 40), (64, 192, 1, 1), {}, False),  # 1x1: the input already is the column matrix
+    ((1, 16, 40, 40), (16, 16, 3, 3), {"pads": [1, 1, 1, 1]}, False),  # small columns
+])
+def test_which_shapes_take_the_path(xs, ws, attrs, taken):
+    a = {"strides": [1, 1], "group": 1, **attrs}
+    out_sp = [nn.window_count(xs[2 + i], ws[2 + i], a["strides"][i], 1, a["pads"][i] if "pads" in a else 0,
+                              a["pads"][i + 2] if "pads" in a else 0) for i in range(2)]
+    x = np.zeros(xs, np.float32)
+    assert conv_shifted.use_shifted(x, np.zeros(ws, np.float32), a["strides"], a["group"], out_sp) is taken
+    assert not conv_shifted.use_shifted(x.astype(np.float64), np.zeros(ws), a["strides"], a["group"], out_sp)
+
+
+def test_real_exported_model_matches_onnxruntime(tmp_path, monkeypatch):
+    """A torch export whose two 3x3 convs take the path at the shipped thresholds: onnxruntime's values."""
+    torch = pytest.importorskip("torch")
+    from rlx_bake import BakeOptions, bake
+    from rlx_bake.onnx import import_onnx
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(64, 64, 3, padding=1), torch.nn.SiLU(),
+                              torch.nn.Conv2d(64, 32, 3, padding=2, dilation=2), torch.nn.ReLU()).eval()
+    x = torch.randn(1, 64, 48, 44)
+    path = tmp_path / "m.onnx"
+    torch.onnx.export(net, (x,), str(path), dynamo=False, opset_version=17)
+    name = onnx.load(str(path)).graph.input[0].name
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {name: x.numpy()})[0]
+    rf, _ = bake(*import_onnx(path), BakeOptions.from_profile("exact"))
+    calls = []
+    real = conv_shifted.conv2d_shifted
+    monkeypatch.setattr(conv_shifted, "conv2d_shifted", lambda *a, **k: calls.append(1) or real(*a, **k))
+    out = Session().compile(rf).run({name: x.numpy()})
+    assert len(calls) == 2
+    np.testing.assert_allclose(next(iter(out.values())), ref, rtol=1e-4, atol=1e-4)
