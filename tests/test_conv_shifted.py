@@ -77,11 +77,11 @@ def test_agrees_with_im2col_and_float64(xs, ws, attrs, always_shifted, monkeypat
     a = {"strides": None, "dilations": None, "pads": None, "group": 1, **attrs}
     x = RNG.standard_normal(xs).astype(np.float32)
     w = RNG.standard_normal(ws).astype(np.float32)
-    got = nn.conv_nobias(np, a, x, w)
+    got = nn._conv_nobias_cpu(a, x, w)
     assert always_shifted
-    exact = nn.conv_nobias(np, a, x.astype(np.float64), w.astype(np.float64))  # float64: im2col
+    exact = nn._conv_nobias_cpu(a, x.astype(np.float64), w.astype(np.float64))  # float64: im2col
     monkeypatch.setattr(conv_shifted, "MIN_COLUMN_BYTES", 1 << 62)
-    im2col = nn.conv_nobias(np, a, x, w)
+    im2col = nn._conv_nobias_cpu(a, x, w)
     assert len(always_shifted) == 1
     bound = np.abs(x).max() * np.abs(w).sum(axis=(1, 2, 3)).max() * 1e-6
     assert np.abs(got - exact).max() <= bound and np.abs(im2col - exact).max() <= bound

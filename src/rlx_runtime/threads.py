@@ -185,7 +185,7 @@ def _pull_with(counter, count: int, fn: Callable[[int], None], workers: int) -> 
         raise error
 
 
-def _bounds(length: int, threads: int, work: int = 0, min_chunk: int = _MIN_CHUNK) -> list[int]:
+def chunk_edges(length: int, threads: int, work: int = 0, min_chunk: int = _MIN_CHUNK) -> list[int]:
     """Chunk edges along `length`: a few chunks per thread (one for a long GEMM), each at least min_chunk."""
     per = 1 if work >= _BIG_WORK else _CHUNKS_PER_THREAD
     chunks = max(1, min(threads * per, length // min_chunk))
@@ -249,7 +249,7 @@ def _matmul_2d(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None) -> np.nd
     out3 = out[None]
     # each chunk packs the operand it does not split again: split the longer side, so that is the smaller one
     if m >= n:
-        edges = _bounds(m, threads, m * n * a.shape[1])
+        edges = chunk_edges(m, threads, m * n * a.shape[1])
 
         def chunk(i: int) -> None:
             r0, r1 = edges[i], edges[i + 1]
@@ -257,7 +257,7 @@ def _matmul_2d(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None) -> np.nd
             if epilogue is not None:
                 epilogue(out3, 0, 1, r0, r1, 0, n)
     else:
-        edges = _bounds(n, threads, m * n * a.shape[1])
+        edges = chunk_edges(n, threads, m * n * a.shape[1])
 
         def chunk(i: int) -> None:
             c0, c1 = edges[i], edges[i + 1]
@@ -288,7 +288,7 @@ def matmul(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None = None) -> np
     # chunks along the leading batch axis; an operand without it (or with size 1 there) is broadcast whole
     lead_a = a.ndim == out.ndim and a.shape[0] > 1
     lead_b = b.ndim == out.ndim and b.shape[0] > 1
-    edges = _bounds(batch[0], threads, min_chunk=1)
+    edges = chunk_edges(batch[0], threads, min_chunk=1)
     inner = out3.shape[0] // batch[0]  # matrices per step of the leading axis
 
     def chunk(i: int) -> None:

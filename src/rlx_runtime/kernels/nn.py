@@ -155,10 +155,6 @@ def conv_nobias(xp, a, x, w, epilogue=None):
     n, c = x.shape[:2]
     o, k = w.shape[0], w.shape[2:]
     out_sp = [window_count(x.shape[2 + i], k[i], strides[i], dil[i], pads[i], pads[i + nsp]) for i in range(nsp)]
-    if xp is np:
-        from ..conv_shifted import conv2d_shifted, use_shifted
-        if use_shifted(x, w, strides, g, out_sp):
-            return conv2d_shifted(x, w, dil, pads, out_sp, epilogue)
     if all(ki == 1 for ki in k) and not any(pads):
         # 1x1: the (strided) input itself is the column matrix; no copy when the stride is 1
         cols = x[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in strides)]
@@ -183,6 +179,29 @@ def _conv(xp, a, x, w, b=None):
     return y
 
 
+def _conv_nobias_cpu(a, x, w, epilogue=None):
+    """conv_nobias on the CPU: stride-1 convs with large im2col columns as shifted-view GEMMs instead (both
+    Conv and FusedConv come here, so they take the same path and give the same values)."""
+    from ..conv_shifted import conv2d_shifted, use_shifted
+
+    nsp = x.ndim - 2
+    strides, dil, pads = _spatial(a, nsp)
+    if nsp == 2:
+        out_sp = [window_count(x.shape[2 + i], w.shape[2 + i], strides[i], dil[i], pads[i], pads[i + nsp])
+                  for i in range(nsp)]
+        if use_shifted(x, w, strides, a["group"], out_sp):
+            return conv2d_shifted(x, w, dil, pads, out_sp, epilogue)
+    return conv_nobias(np, a, x, w, epilogue)
+
+
+@kernel("Conv", backend="cpu")
+def _conv_cpu(xp, a, x, w, b=None):
+    y = _conv_nobias_cpu(a, x, w)
+    if b is not None:
+        y += b.reshape((1, w.shape[0]) + (1,) * (x.ndim - 2))
+    return y
+
+
 @kernel("FusedConv")
 def _fused_conv(xp, a, x, w, b=None):
     """Conv, then its activation: each op's own kernel on this backend, so the values are the unfused ones."""
@@ -197,12 +216,12 @@ def _fused_conv_cpu(xp, a, x, w, b=None):
     pay numba's load). float32 Sigmoid/Silu/LeakyRelu/Clip: the GEMM, then bias and activation in one numba
     pass over each output row. The values are the unfused ones either way."""
     if a["activation"] == "Relu" and x.dtype.kind == "f":
-        y = _conv(xp, a, x, w, b)
+        y = _conv_cpu(xp, a, x, w, b)
         return np.maximum(y, y.dtype.type(0), out=y)
     if x.dtype != np.float32:
         return _fused_conv(xp, a, x, w, b)
     from ..conv_kernels import bias_activation
-    return conv_nobias(xp, a, x, w, bias_activation(b, a["activation"], a["alpha"], a["min"], a["max"], a["group"]))
+    return _conv_nobias_cpu(a, x, w, bias_activation(b, a["activation"], a["alpha"], a["min"], a["max"], a["group"]))
 
 
 @kernel("ConvTranspose")
