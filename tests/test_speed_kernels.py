@@ -209,3 +209,46 @@ def test_im2col_with_pads_up_to_twice_the_kernel_matches_direct_convolution(seed
     a = {"strides": strides, "dilations": dil, "pads": pads, "group": g}
     got = KERNELS["Conv"](np, a, x, w, b)
     np.testing.assert_allclose(got, _conv_reference(x, w, b, strides, dil, pads, g), rtol=1e-5, atol=1e-5)
+
+
+def _pow_onnx(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+    g = helper.make_graph([helper.make_node("Pow", ["x", "y"], ["z"])], "p",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x.shape)),
+                           helper.make_tensor_value_info("y", TensorProto.FLOAT, list(y.shape))],
+                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x, "y": y})[0]
+
+
+@pytest.mark.parametrize("e", [2.0, 3.0])
+@pytest.mark.parametrize("yshape", [(), (1,), (1, 1)])
+def test_pow_by_two_or_three_is_onnxruntimes_products(e, yshape):
+    """x*x and (x*x)*x: onnxruntime's values to the bit, negatives, subnormals, Inf and NaN included (numpy's
+    float pow differs in the last place and differs between SIMD paths)."""
+    r = np.random.default_rng(3)
+    x = np.concatenate([r.standard_normal(5000) * 10, [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-30, -3e12, 5e-39]])
+    x = x.astype(np.float32).reshape(2, -1)
+    y = np.full(yshape, e, np.float32)
+    with np.errstate(all="ignore"):
+        got = _run_pow(x, y)
+    ref = _pow_onnx(x, y)
+    assert got.shape == ref.shape
+    np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32))
+
+
+def _run_pow(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    g = GraphBuilder("pow")
+    g.output(g.op("Pow", g.input("x", "f32", list(x.shape)), g.input("y", "f32", list(y.shape)), name="z"))
+    return Session().compile(g.build()).run({"x": x, "y": y})["z"]
+
+
+@pytest.mark.parametrize("y", [np.float32(2.5), np.float32(-1.0), np.array([2.0, 3.0], np.float32),
+                               np.full((1, 1, 1), 3.0, np.float32)])
+def test_other_exponents_are_numpys_power(y):
+    x = np.abs(np.random.default_rng(4).standard_normal((3, 2)).astype(np.float32)) + 0.5
+    got = _run_pow(x, np.asarray(y))
+    np.testing.assert_array_equal(got, np.power(x, np.asarray(y)))

@@ -48,6 +48,11 @@ CASES = {
     "transposed view operand": (_f(700, 256).T, _f(700, 512)),
     "float64": (_f(300, 200, dtype=np.float64), _f(200, 400, dtype=np.float64)),
     "small (not split)": (_f(4, 8), _f(8, 5)),
+    # one row: the split runs GEMVs over column blocks (b row-major, and b a transposed view)
+    "one row times a wide matrix": (_f(1, 900), _f(900, 3000)),
+    "one row times a transposed matrix": (_f(1, 900), _f(3000, 900).T),
+    "one strided row": (_f(1, 1800)[:, ::2], _f(900, 3000)),
+    "one row, float64": (_f(1, 900, dtype=np.float64), _f(900, 3000, dtype=np.float64)),
 }
 
 

@@ -80,6 +80,15 @@ class _OpenBLAS:
                         fn.argtypes = ([ctypes.c_int] * 3 + [index] * 3 + [scalar, ctypes.c_void_p, index,
                                        ctypes.c_void_p, index, scalar, ctypes.c_void_p, index])
                         self.gemm[np.dtype(dtype)] = fn
+                self.gemv = {}
+                kinds = ((np.float32, "sgemv", ctypes.c_float), (np.float64, "dgemv", ctypes.c_double))
+                for dtype, name, scalar in kinds:
+                    fn = getattr(lib, f"{prefix}cblas_{name}{suffix}", None)
+                    if fn is not None:
+                        fn.restype = None
+                        fn.argtypes = ([ctypes.c_int] * 2 + [index] * 2 + [scalar, ctypes.c_void_p, index,
+                                       ctypes.c_void_p, index, scalar, ctypes.c_void_p, index])
+                        self.gemv[np.dtype(dtype)] = fn
                 return
         raise LookupError(path)
 
@@ -234,6 +243,18 @@ def _gemm_into(gemm, a: np.ndarray, b: np.ndarray, out: np.ndarray, beta: float 
          out.strides[0] // out.itemsize)
 
 
+def _row_times_columns(gemv, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+    """out[0, :] = a[0] @ b for a one-row a: a GEMV (OpenBLAS's GEMM with one row packs all of b first, which
+    made a GPT-2 decoding step's split MatMuls slower on two threads than on one)."""
+    (w, tw, ldw) = _blas_operand(b)
+    k, n = b.shape
+    x, incx = a.ctypes.data, a.strides[1] // a.itemsize
+    if tw == _NO_TRANS:  # b row-major (k, n): out = bᵀ-gemv over its k rows
+        gemv(_ROW_MAJOR, _TRANS, k, n, 1.0, w.ctypes.data, ldw, x, incx, 0.0, out.ctypes.data, 1)
+    else:  # b = Wᵀ with W row-major (n, k)
+        gemv(_ROW_MAJOR, _NO_TRANS, n, k, 1.0, w.ctypes.data, ldw, x, incx, 0.0, out.ctypes.data, 1)
+
+
 def gemm_into(a: np.ndarray, b: np.ndarray, out: np.ndarray, beta: float = 0.0) -> None:
     """_gemm_into with the BLAS's GEMM for a's dtype (see float_gemm; callers check that there is one)."""
     _gemm_into(float_gemm(a.dtype), a, b, out, beta)
@@ -258,10 +279,14 @@ def _matmul_2d(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None) -> np.nd
                 epilogue(out3, 0, 1, r0, r1, 0, n)
     else:
         edges = chunk_edges(n, threads, m * n * a.shape[1])
+        gemv = _blas_controllers()[0].gemv.get(a.dtype) if m == 1 else None
 
         def chunk(i: int) -> None:
             c0, c1 = edges[i], edges[i + 1]
-            _gemm_into(gemm, a, b[:, c0:c1], out[:, c0:c1])
+            if gemv is not None:
+                _row_times_columns(gemv, a, b[:, c0:c1], out[0, c0:c1])
+            else:
+                _gemm_into(gemm, a, b[:, c0:c1], out[:, c0:c1])
             if epilogue is not None:
                 epilogue(out3, 0, 1, 0, m, c0, c1)
     run_chunks(len(edges) - 1, chunk)

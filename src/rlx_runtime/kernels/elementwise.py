@@ -119,6 +119,20 @@ register("Mul", lambda xp, a, x, y: x * y, inplace="multiply")
 register("Max", lambda xp, a, x, y: xp.maximum(x, y), inplace="maximum")
 register("Min", lambda xp, a, x, y: xp.minimum(x, y), inplace="minimum")
 register("Pow", lambda xp, a, x, y: xp.power(x, y))
+
+
+@kernel("Pow", backend="cpu")
+def _pow_cpu(xp, a, x, y):
+    """A float x to a one-element exponent of 2 or 3 is x*x or (x*x)*x, as onnxruntime computes it (GELU's
+    tanh form cubes its input): the same bits on every CPU, where numpy's float pow takes a SIMD path on
+    AVX-512 and libm's elsewhere, and took 62 ns per element (~100x x*x*x) for negative bases."""
+    if x.dtype.kind == "f" and y.size == 1 and y.ndim <= x.ndim:
+        e = y.reshape(-1)[0]
+        if e == 2:
+            return x * x
+        if e == 3:
+            return x * x * x
+    return np.power(x, y)
 register("Equal", lambda xp, a, x, y: x == y)
 register("Less", lambda xp, a, x, y: x < y)
 register("LessEqual", lambda xp, a, x, y: x <= y)
