@@ -14,6 +14,7 @@ import numpy as np
 
 from rlx_format.numba_setup import numba
 
+from .simd import taps_f32
 from .ufuncs import EXP_TERMS, sigmoid_f32_loop
 
 ACTIVATION_CODES = {"Relu": 0, "Sigmoid": 1, "Silu": 2, "LeakyRelu": 3, "Clip": 4}
@@ -73,3 +74,23 @@ def bias_activation(bias: np.ndarray | None, activation: str, alpha: float, lo: 
             _bias_act_block(y3, b0, b1, r0, r1, c0, c1, *args)
 
     return epilogue
+
+
+# Depthwise 2-D conv (group == channels == outputs): im2col made one 1-row GEMM per channel of it (8x slower
+# than onnxruntime). Each channel's input is split into stride phases (phase (p, q) holds rows p::sh, columns
+# q::sw, all phases of a channel in one flat buffer), so every tap reads contiguously: output pixel (oy, ox) of
+# tap (ky, kx) is element (oy + ky*dh // sh) * Wq + ox + kx*dw // sw of phase (ky*dh % sh, kx*dw % sw). The
+# output is computed on a grid Wq wide, 32 pixels at a time with all taps summed in registers (simd.taps_f32:
+# in order (ky, kx), plain multiplies and adds, the same bits on every CPU); the first OW columns of each grid
+# row are kept.
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def depthwise_planes(phases, taps, offsets, y, n, c0, c1, grid):  # pragma: no cover - compiled
+    """phases (N, C, P * plane) f32; taps (C, T) f32; offsets (T,) int64 into a channel's phases; y (N, C, OH,
+    OW) written for image n, channels c0..c1; grid: scratch of OH * Wq floats."""
+    oh, ow = y.shape[2], y.shape[3]
+    size = grid.shape[0]
+    wq = size // oh
+    for c in range(c0, c1):
+        taps_f32(grid, 0, phases[n, c], 0, size, taps[c], offsets)
+        for r in range(oh):
+            y[n, c, r, :] = grid[r * wq:r * wq + ow]

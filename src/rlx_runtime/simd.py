@@ -284,3 +284,57 @@ q8_0_row_decode = intrinsic(_decoder(Q8_0_BYTES, _Q8_0, lambda builder, row, b: 
 q8_0_row_decode.__doc__ = "out[:nb*32] = the Q8_0 row's weights (float32(q) * d)."
 tq2_0_row_decode = intrinsic(_decoder(TQ2_0_BYTES, _TQ2_0, _tq2_0_codes))
 tq2_0_row_decode.__doc__ = "out[:nb*256] = the TQ2_0 row's weights ((q - 1) * d)."
+
+
+def _is_i64(t) -> bool:
+    return isinstance(t, types.Array) and t.ndim == 1 and t.layout == "C" and t.dtype == types.int64
+
+
+@intrinsic
+def taps_f32(typingctx, dst, at, src, start, count, weights, offsets):
+    """dst[at + i] = sum over t of weights[t] * src[start + offsets[t] + i], for i < count: the taps summed in
+    order from 0.0, each as a separate multiply and add (no fma), in registers, 32 lanes at a time (then one at
+    a time). The depthwise conv's inner loop: a pass per tap over a buffer was bound by its stores."""
+    ints = all(isinstance(v, types.Integer) for v in (at, start, count))
+    if not (_is_f32(dst) and _is_f32(src) and ints and _is_f32(weights) and _is_i64(offsets)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        dp = builder.gep(_data(context, builder, sig.args[0], args[0]).data, [builder.sext(args[1], _I64)])
+        sp = builder.gep(_data(context, builder, sig.args[2], args[2]).data, [builder.sext(args[3], _I64)])
+        n = builder.sext(args[4], _I64)
+        wts = _data(context, builder, sig.args[5], args[5])
+        wp, ntaps = wts.data, cgutils.unpack_tuple(builder, wts.shape)[0]
+        op = _data(context, builder, sig.args[6], args[6]).data
+
+        def summed(pos, width):
+            """the tap sum at element pos: width lanes (a vector) or one (width None)."""
+            zero = ir.Constant(_VF, None) if width else ir.Constant(_F32, 0.0)
+
+            def tap(t, state):
+                w = builder.load(builder.gep(wp, [t]))
+                at_t = builder.add(pos, builder.load(builder.gep(op, [t])))
+                if width:
+                    v = builder.fmul(_splat(builder, w, _VF), _load_vec(builder, sp, at_t, _VF))
+                else:
+                    v = builder.fmul(w, builder.load(builder.gep(sp, [at_t])))
+                return [builder.fadd(state[0], v)]
+
+            return _block_loop(builder, ir.Constant(_I64, 0), ntaps, [zero], tap)[0]
+
+        def vector(b, state):
+            pos = _offset(builder, b, LANES)
+            _store_vec(builder, summed(pos, LANES), dp, pos)
+            return []
+
+        whole = builder.sdiv(n, ir.Constant(_I64, LANES))
+        _block_loop(builder, ir.Constant(_I64, 0), whole, [], vector)
+
+        def scalar(i, state):
+            builder.store(summed(i, None), builder.gep(dp, [i]))
+            return []
+
+        _block_loop(builder, builder.mul(whole, ir.Constant(_I64, LANES)), n, [], scalar)
+        return context.get_dummy_value()
+
+    return types.void(dst, at, src, start, count, weights, offsets), codegen

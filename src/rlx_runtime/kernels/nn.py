@@ -180,8 +180,10 @@ def _conv(xp, a, x, w, b=None):
 
 
 def _conv_nobias_cpu(a, x, w, epilogue=None):
-    """conv_nobias on the CPU: stride-1 convs with large im2col columns as shifted-view GEMMs instead (both
-    Conv and FusedConv come here, so they take the same path and give the same values)."""
+    """conv_nobias on the CPU, with two faster paths: depthwise convs by a numba kernel, stride-1 convs with
+    large im2col columns as shifted-view GEMMs (both Conv and FusedConv come here, so they take the same path and
+    give the same values)."""
+    from ..conv_depthwise import depthwise2d, use_depthwise
     from ..conv_shifted import conv2d_shifted, use_shifted
 
     nsp = x.ndim - 2
@@ -189,6 +191,8 @@ def _conv_nobias_cpu(a, x, w, epilogue=None):
     if nsp == 2:
         out_sp = [window_count(x.shape[2 + i], w.shape[2 + i], strides[i], dil[i], pads[i], pads[i + nsp])
                   for i in range(nsp)]
+        if use_depthwise(x, w, a["group"]):
+            return depthwise2d(x, w, strides, dil, pads, out_sp, epilogue)
         if use_shifted(x, w, strides, a["group"], out_sp):
             return conv2d_shifted(x, w, dil, pads, out_sp, epilogue)
     return conv_nobias(np, a, x, w, epilogue)

@@ -1,8 +1,10 @@
-"""Stride-1 convs computed as one GEMM per kernel offset over shifted views of the padded input
-(rlx_runtime/conv_shifted.py), checked against onnxruntime, the im2col path and the FusedConv contract.
+"""The CPU conv paths beside im2col + GEMM, checked against onnxruntime, the im2col path, float64 and the
+FusedConv contract (fused == unfused, bit for bit):
 
-The size thresholds that pick the path are lowered in most tests (so small shapes take it); one test checks
-which real shapes take it at the shipped thresholds.
+- stride-1 convs as one GEMM per kernel offset over shifted views of the padded input (conv_shifted.py);
+  the size thresholds that pick it are lowered in most tests (so small shapes take it), and one test checks
+  which real shapes take it at the shipped thresholds;
+- depthwise convs by a numba kernel over stride phases (conv_depthwise.py, conv_kernels.depthwise_planes).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from threadpoolctl import threadpool_limits
 
 import rlx_runtime.passes.pipeline as pipeline
 from rlx_format import GraphBuilder
-from rlx_runtime import Session, conv_shifted
+from rlx_runtime import Session, conv_depthwise, conv_shifted
 from rlx_runtime.kernels import nn
 
 RNG = np.random.default_rng(5)
@@ -164,3 +166,106 @@ def test_real_exported_model_matches_onnxruntime(tmp_path, monkeypatch):
     out = Session().compile(rf).run({name: x.numpy()})
     assert len(calls) == 2
     np.testing.assert_allclose(next(iter(out.values())), ref, rtol=1e-4, atol=1e-4)
+
+
+# (x shape, kernel, conv attrs) of depthwise convs: strides 1-3, asymmetric pads, dilation, 1xk kernels, batch 2,
+# widths that leave a scalar tail after the 32-lane vectors and outputs narrower than one vector
+DEPTHWISE = [
+    ((1, 8, 20, 20), (3, 3), {"pads": [1, 1, 1, 1]}),
+    ((2, 5, 17, 23), (3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ((1, 6, 33, 31), (5, 5), {"pads": [2, 2, 2, 2], "strides": [2, 2]}),
+    ((1, 4, 14, 15), (3, 3), {"pads": [0, 2, 1, 0], "strides": [1, 2]}),
+    ((1, 3, 19, 19), (3, 3), {"pads": [2, 2, 2, 2], "dilations": [2, 2]}),
+    ((1, 3, 21, 22), (3, 3), {"pads": [3, 1, 2, 3], "dilations": [2, 3], "strides": [3, 2]}),
+    ((1, 7, 9, 70), (1, 5), {"pads": [0, 2, 0, 2]}),
+    ((1, 2, 6, 5), (3, 3), {}),
+]
+
+
+def _depthwise(xs, k, attrs):
+    c = xs[1]
+    return (RNG.standard_normal((c, 1, *k)).astype(np.float32), RNG.standard_normal(c).astype(np.float32),
+            {**attrs, "group": c})
+
+
+@pytest.fixture
+def depthwise_calls(monkeypatch):
+    calls = []
+    real = conv_depthwise.depthwise2d
+    monkeypatch.setattr(conv_depthwise, "depthwise2d", lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("xs,k,attrs", DEPTHWISE, ids=str)
+def test_depthwise_matches_onnxruntime(xs, k, attrs, depthwise_calls):
+    w, b, attrs = _depthwise(xs, k, attrs)
+    x = RNG.standard_normal(xs).astype(np.float32)
+    ref = ort.InferenceSession(_onnx_conv(xs, w, b, attrs), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    got = Session().compile(_rlx_conv(xs, w, b, attrs)).run({"x": x})["conv"]
+    assert depthwise_calls, "the depthwise path did not run"
+    assert got.shape == ref[0].shape
+    np.testing.assert_allclose(got, ref[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("xs,k,attrs", DEPTHWISE[:6], ids=str)
+def test_depthwise_sums_the_taps_in_order(xs, k, attrs, depthwise_calls):
+    """Every output is the taps' products added in (ky, kx) order from 0.0, in float32: the same bits as that
+    sum written out in numpy over the zero-padded input."""
+    w, _, attrs = _depthwise(xs, k, attrs)
+    x = RNG.standard_normal(xs).astype(np.float32)
+    a = {"strides": [1, 1], "dilations": [1, 1], "pads": [0, 0, 0, 0], **attrs}
+    got = nn._conv_nobias_cpu(a, x, w)
+    (sh, sw), (dh, dw), p = a["strides"], a["dilations"], a["pads"]
+    xp = np.pad(x, ((0, 0), (0, 0), (p[0], p[2]), (p[1], p[3])))
+    oh, ow = got.shape[2:]
+    want = np.zeros_like(got)
+    for ky in range(k[0]):
+        for kx in range(k[1]):
+            win = xp[:, :, ky * dh:ky * dh + sh * (oh - 1) + 1:sh, kx * dw:kx * dw + sw * (ow - 1) + 1:sw]
+            want += w[:, 0, ky, kx][None, :, None, None] * win
+    np.testing.assert_array_equal(got, want)
+    assert depthwise_calls
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("act", ["Silu", "Relu", "Clip"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_depthwise_fused_equals_unfused(act, threads, depthwise_calls, monkeypatch):
+    xs = (2, 24, 13, 41)
+    w, b, attrs = _depthwise(xs, (3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 1]})
+    g = GraphBuilder("c")
+    xin = g.input("x", "f32", list(xs))
+    y = g.op("Conv", xin, g.constant(w, name="w"), g.constant(b, name="b"), name="conv", **attrs)
+    g.output(g.op(act, y, name="act", **({"min": -0.5, "max": 0.5} if act == "Clip" else {})))
+    graph = g.build()
+    fused, ref = Session().compile(graph), _unfused(graph, monkeypatch)
+    assert [n.op for n in fused.graph.nodes] == ["FusedConv"]
+    x = RNG.standard_normal(xs).astype(np.float32)
+    x.reshape(-1)[::29] = np.nan
+    x.reshape(-1)[3::31] = -np.inf
+    with threadpool_limits(threads, "blas"):
+        np.testing.assert_array_equal(fused.run({"x": x})["act"], ref.run({"x": x})["act"])
+    assert depthwise_calls
+
+
+def test_depthwise_two_threads_give_the_same_bits(depthwise_calls):
+    xs = (1, 64, 30, 30)
+    w, b, attrs = _depthwise(xs, (3, 3), {"pads": [1, 1, 1, 1]})
+    c = Session().compile(_rlx_conv(xs, w, b, attrs))
+    x = RNG.standard_normal(xs).astype(np.float32)
+    with threadpool_limits(1, "blas"):
+        one = c.run({"x": x})["conv"]
+    with threadpool_limits(2, "blas"):
+        two = c.run({"x": x})["conv"]
+    np.testing.assert_array_equal(two, one)
+
+
+@pytest.mark.parametrize("ws,group,dtype,taken", [
+    ((8, 1, 3, 3), 8, np.float32, True),
+    ((16, 1, 3, 3), 8, np.float32, False),  # channel multiplier 2: im2col
+    ((8, 2, 3, 3), 4, np.float32, False),  # grouped, not depthwise
+    ((8, 1, 3, 3), 8, np.float64, False),
+])
+def test_which_convs_are_depthwise(ws, group, dtype, taken):
+    x = np.zeros((1, 8, 5, 5), dtype)
+    assert conv_depthwise.use_depthwise(x, np.zeros(ws, dtype), group) is taken
