@@ -15,7 +15,9 @@ from rlx_runtime import quant_kernels
 from rlx_runtime.simd import GROUP, Q8_0_BYTES, TQ2_0_BYTES
 
 R = np.random.default_rng(11)
-CODECS = {"gguf_q8_0": (32, Q8_0_BYTES, 0), "gguf_tq2_0": (256, TQ2_0_BYTES, 64)}  # block, bytes, d offset
+# block, bytes, d offset (Q4_1's m follows its d)
+CODECS = {"gguf_q8_0": (32, Q8_0_BYTES, 0), "gguf_tq2_0": (256, TQ2_0_BYTES, 64), "gguf_q4_0": (32, 18, 0),
+          "gguf_q4_1": (32, 20, 0)}
 
 
 def _every_scale(enc: str) -> np.ndarray:
@@ -24,9 +26,13 @@ def _every_scale(enc: str) -> np.ndarray:
     block, nbytes, at = CODECS[enc]
     h = np.arange(1 << 16, dtype=np.uint32)
     p = np.zeros((h.size, nbytes), np.uint8)
-    p[:, :at] = 1 if enc == "gguf_q8_0" else 0b10101010  # Q8_0: int8 +1; TQ2_0: code 2 (= +1) in all 4 slots
-    p[:, at + 2:] = 1
+    # codes: Q8_0 int8 +1; TQ2_0 code 2 (= +1) in all 4 slots; Q4_0 nibbles 9 (= +1); Q4_1 nibbles 1 and its m
+    # the same pattern as d (0x11 bytes: every element is d + d)
+    codes = {"gguf_q8_0": 1, "gguf_tq2_0": 0b10101010, "gguf_q4_0": 0x99, "gguf_q4_1": 0x11}[enc]
+    p[:] = codes
     p[:, at], p[:, at + 1] = h & 255, h >> 8
+    if enc == "gguf_q4_1":
+        p[:, at + 2], p[:, at + 3] = h & 255, h >> 8
     return p
 
 

@@ -18,7 +18,8 @@ from rlx_format.codecs import CODECS, get_codec
 from rlx_format.quants import block_fields, dequantize, dequantize_fields
 
 from .packed import tiled_matmul
-from .simd import q8_0_row_decode, q8_0_row_dot, tq2_0_row_decode, tq2_0_row_dot
+from .simd import (q4_0_row_decode, q4_0_row_dot, q4_1_row_decode, q4_1_row_dot, q8_0_row_decode, q8_0_row_dot,
+                   tq2_0_row_decode, tq2_0_row_dot)
 from .threads import matmul
 
 prange = numba.prange
@@ -61,59 +62,63 @@ _DOT_MATH = {"reassoc", "contract"}
 # faster than a per-block dot on AVX-512), and lanes are summed once per output.
 
 
-# Q8_0 and TQ2_0 rows go through the explicit-vector intrinsics of simd.py (numba's vectorizer left these
-# loops scalar or half-vectorized): parallel over output rows for the fused dot, one thread for a row tile.
-@numba.njit(cache=True, parallel=True)
-def _q8_0_fused(x, pk, out):  # x (M,K) f32; pk (N, K/32*34) u8
-    for n in prange(pk.shape[0]):
-        for m in range(x.shape[0]):
-            out[m, n] = q8_0_row_dot(pk[n], x[m])
+# Q8_0, TQ2_0, Q4_0 and Q4_1 rows go through the explicit-vector intrinsics of simd.py (numba's vectorizer left
+# these loops scalar or half-vectorized), chosen per row by `kind` (a branch per row costs nothing measurable):
+# parallel over output rows for the fused dot, one thread for a row tile.
+@numba.njit(cache=True, inline="always")
+def _simd_dot(kind, row, x):
+    if kind == 0:
+        return q8_0_row_dot(row, x)
+    if kind == 1:
+        return tq2_0_row_dot(row, x)
+    if kind == 2:
+        return q4_0_row_dot(row, x)
+    return q4_1_row_dot(row, x)
+
+
+@numba.njit(cache=True, inline="always")
+def _simd_decode(kind, row, out):
+    if kind == 0:
+        q8_0_row_decode(row, out)
+    elif kind == 1:
+        tq2_0_row_decode(row, out)
+    elif kind == 2:
+        q4_0_row_decode(row, out)
+    else:
+        q4_1_row_decode(row, out)
 
 
 @numba.njit(cache=True, parallel=True)
-def _tq2_0_fused(x, pk, out):
+def _simd_fused(x, pk, out, kind):  # x (M,K) f32; pk (N, packed row bytes) u8
     for n in prange(pk.shape[0]):
         for m in range(x.shape[0]):
-            out[m, n] = tq2_0_row_dot(pk[n], x[m])
+            out[m, n] = _simd_dot(kind, pk[n], x[m])
 
 
 # Tile decoding runs on one thread: BLAS uses the cores for the GEMM right after, and a parallel decode
 # measured slower (20-21 ms vs 17.6 ms for a batch-32 4096^2 DequantMatMul here).
 @numba.njit(cache=True, nogil=True)
-def _q8_0_rows(pk, n0, n1, buf):  # decode rows n0..n1 into buf[:n1-n0]
+def _simd_rows(pk, n0, n1, buf, kind):  # decode rows n0..n1 into buf[:n1-n0]
     for r in range(n1 - n0):
-        q8_0_row_decode(pk[n0 + r], buf[r])
+        _simd_decode(kind, pk[n0 + r], buf[r])
 
 
-@numba.njit(cache=True, nogil=True)
-def _tq2_0_rows(pk, n0, n1, buf):
-    for r in range(n1 - n0):
-        tq2_0_row_decode(pk[n0 + r], buf[r])
+def _simd_kernels(kind: int) -> tuple:
+    return (lambda x2, pk, out: parallel_call(_simd_fused, x2, pk, out, kind),
+            lambda pk, n0, n1, buf: _simd_rows(pk, n0, n1, buf, kind))
+
+
+# the names the codec registry gives (Codec.cpu_fused / cpu_rows)
+q8_0_fused, q8_0_rows = _simd_kernels(0)
+tq2_0_fused, tq2_0_rows = _simd_kernels(1)
+q4_0_fused, q4_0_rows = _simd_kernels(2)
+q4_1_fused, q4_1_rows = _simd_kernels(3)
 
 
 # Block decoders for the types without hand-written kernels: decode block `o` (byte offset) of a packed
 # row into t[:block] as the reference does (d * q, then + m); _decoder_kernels builds the fused and
 # row-tile kernels of a type around its decoder.
 _F16 = np.float32(16.0)
-_F8 = np.float32(8.0)
-
-
-@numba.njit(cache=True, inline="always")
-def _dec_q4_0(p, o, t):
-    d = _half(p[o], p[o + 1])
-    for j in range(16):
-        b = p[o + 2 + j]
-        t[j] = (np.float32(b & 15) - _F8) * d
-        t[j + 16] = (np.float32(b >> 4) - _F8) * d
-
-
-@numba.njit(cache=True, inline="always")
-def _dec_q4_1(p, o, t):
-    d, m = _half(p[o], p[o + 1]), _half(p[o + 2], p[o + 3])
-    for j in range(16):
-        b = p[o + 4 + j]
-        t[j] = np.float32(b & 15) * d + m
-        t[j + 16] = np.float32(b >> 4) * d + m
 
 
 @numba.njit(cache=True, inline="always")
@@ -200,27 +205,22 @@ def _dec_mxfp4(p, o, t):
 
 # The block decoders by index: one compiled (and cached) kernel serves them all through a branch per
 # block; a function-typed argument would be recompiled in every process (numba cannot cache it).
-_BLOCK_DECODERS = ("_dec_q4_0", "_dec_q4_1", "_dec_q5_0", "_dec_q5_1", "_dec_tq1_0", "_dec_mxfp4", "_dec_q4_k",
-                   "_dec_q5_k", "_dec_q6_k")
+_BLOCK_DECODERS = ("_dec_q5_0", "_dec_q5_1", "_dec_tq1_0", "_dec_mxfp4", "_dec_q4_k", "_dec_q5_k", "_dec_q6_k")
 
 
 @numba.njit(cache=True, inline="always")
 def _decode_block(kind, p, o, t):
     if kind == 0:
-        _dec_q4_0(p, o, t)
-    elif kind == 1:
-        _dec_q4_1(p, o, t)
-    elif kind == 2:
         _dec_q5_0(p, o, t)
-    elif kind == 3:
+    elif kind == 1:
         _dec_q5_1(p, o, t)
-    elif kind == 4:
+    elif kind == 2:
         _dec_tq1_0(p, o, t)
-    elif kind == 5:
+    elif kind == 3:
         _dec_mxfp4(p, o, t)
-    elif kind == 6:
+    elif kind == 4:
         _dec_q4_k(p, o, t)  # (defined at the end of the module)
-    elif kind == 7:
+    elif kind == 5:
         _dec_q5_k(p, o, t)
     else:
         _dec_q6_k(p, o, t)
@@ -259,22 +259,6 @@ def _decoder_kernels(dec: str, block: int, nbytes: int) -> tuple:
     kind = _BLOCK_DECODERS.index(dec)
     return (lambda x2, pk, out: parallel_call(_block_fused, x2, pk, out, kind, block, nbytes),
             lambda pk, n0, n1, buf: _block_rows(pk, n0, n1, buf, kind, block, nbytes))
-
-
-def q8_0_fused(x2, pk, out):
-    parallel_call(_q8_0_fused, x2, pk, out)
-
-
-def tq2_0_fused(x2, pk, out):
-    parallel_call(_tq2_0_fused, x2, pk, out)
-
-
-def q8_0_rows(pk, n0, n1, buf):
-    _q8_0_rows(pk, n0, n1, buf)
-
-
-def tq2_0_rows(pk, n0, n1, buf):
-    _tq2_0_rows(pk, n0, n1, buf)
 
 
 def _array_rows(encoding: str):

@@ -15,6 +15,9 @@ least `nb * block` elements.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
@@ -144,20 +147,25 @@ def _block_loop(builder, start, stop, init, body):
     return out
 
 
-def _each_block(builder, row, nb, layout, init, body):
-    """state = body(b, d, state) for every block b of a row with its scale d, in order: whole groups of GROUP
-    blocks first (their scales converted as one vector), then the rest one at a time."""
+def _each_block(builder, row, nb, fmt, init, body):
+    """state = body(b, scales, state) for every block b of a row with its fp16 scales (d, and m where the format
+    has one), in order: whole groups of GROUP blocks first (their scales converted as one vector each), then the
+    rest one at a time."""
     groups = builder.sdiv(nb, ir.Constant(_I64, GROUP))
+
+    def scales(b, count):
+        per = [_scales(builder, row, b, (fmt.nbytes, at), count) for at in fmt.scale_at]
+        return [list(s) for s in zip(*per)]
 
     def group(g, state):
         b0 = builder.mul(g, ir.Constant(_I64, GROUP))
-        for k, d in enumerate(_scales(builder, row, b0, layout, GROUP)):
-            state = body(builder.add(b0, ir.Constant(_I64, k)), d, state)
+        for k, ds in enumerate(scales(b0, GROUP)):
+            state = body(builder.add(b0, ir.Constant(_I64, k)), ds, state)
         return state
 
     state = _block_loop(builder, ir.Constant(_I64, 0), groups, init, group)
     rest = builder.mul(groups, ir.Constant(_I64, GROUP))
-    return _block_loop(builder, rest, nb, state, lambda b, st: body(b, _scales(builder, row, b, layout, 1)[0], st))
+    return _block_loop(builder, rest, nb, state, lambda b, st: body(b, scales(b, 1)[0], st))
 
 
 def _row_args(context, builder, sig, args, nbytes):
@@ -198,18 +206,33 @@ def _tq2_0_codes(builder, row, b):
     return groups
 
 
-def _dot(builder, row, nb, layout, block_vector):
-    """sum over blocks of d_b * block_vector(b), as fma(d, v, acc) into CHAINS accumulators taken in turn (so
-    consecutive blocks do not wait on each other's multiply-add), then a fixed tree."""
-    zero = ir.Constant(_VF, None)
+def _q4_codes(builder, row, b, nbytes, at, signed):
+    """A 4-bit block's 32 codes as f32 lanes: element j < 16 in the low nibble of byte at + j, j + 16 in its high
+    nibble; Q4_0's codes are q - 8 (signed), Q4_1's q."""
+    raw = _load_vec(builder, row, _offset(builder, b, nbytes, at), ir.VectorType(_I8, 16))
+    lo = builder.and_(raw, _splat(builder, ir.Constant(_I8, 15), raw.type))
+    hi = builder.lshr(raw, _splat(builder, ir.Constant(_I8, 4), raw.type))
+    q = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, LANES), list(range(LANES))))
+    if signed:
+        return [builder.sitofp(builder.sub(q, _splat(builder, ir.Constant(_I8, 8), _VI8)), _VF)]
+    return [builder.uitofp(q, _VF)]
 
-    def body(b, d, state):
-        return state[1:] + [_fma(builder, _splat(builder, d, _VF), block_vector(b), state[0])]
 
-    accs = _each_block(builder, row, nb, layout, [zero] * CHAINS, body)
-    while len(accs) > 1:
-        accs = [builder.fadd(accs[i], accs[i + 1]) for i in range(0, len(accs), 2)]
-    return _lane_sum(builder, accs[0])
+@dataclass(frozen=True)
+class _Format:
+    nbytes: int          # bytes per block
+    scale_at: tuple      # byte offsets of the fp16 d (and m) in a block
+    codes: Callable      # (builder, row, b) -> the block's codes as f32 vectors of LANES, in element order
+
+    @property
+    def elements(self) -> int:
+        return LANES * (8 if self.nbytes == TQ2_0_BYTES else 1)
+
+
+_Q8_0 = _Format(Q8_0_BYTES, (0,), lambda builder, row, b: [_q8_0_codes(builder, row, b)])
+_TQ2_0 = _Format(TQ2_0_BYTES, (64,), _tq2_0_codes)
+_Q4_0 = _Format(18, (0,), lambda builder, row, b: _q4_codes(builder, row, b, 18, 2, True))
+_Q4_1 = _Format(20, (0, 2), lambda builder, row, b: _q4_codes(builder, row, b, 20, 4, False))
 
 
 def _tree_sum(builder, vs):
@@ -218,61 +241,58 @@ def _tree_sum(builder, vs):
     return vs[0]
 
 
-_Q8_0 = (Q8_0_BYTES, 0)  # (block bytes, byte offset of d)
-_TQ2_0 = (TQ2_0_BYTES, 64)
+def _row_dot(fmt: _Format):
+    """dot(dequantized row, x[:nb*E]) as f32. Per block: fma(d, sum of the groups' q * x, acc), or for a format
+    with a min fma(q * d + m, x, acc), into CHAINS accumulators taken in turn (so consecutive blocks do not wait
+    on each other's multiply-add), then a fixed tree."""
+    def typer(typingctx, row, x):
+        if not (_is_u8_row(row) and _is_f32(x)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            prow, xp, nb = _row_args(context, builder, sig, args, fmt.nbytes)
+            zero = ir.Constant(_VF, None)
+
+            def body(b, ds, state):
+                xs = [_load_vec(builder, xp, _offset(builder, b, fmt.elements, g * LANES), _VF)
+                      for g in range(fmt.elements // LANES)]
+                codes = fmt.codes(builder, prow, b)
+                if len(ds) > 1:  # with a min: the weights themselves (q * d + m, the decoder's values) times x
+                    # (factoring d and m out would give 0 * Inf = NaN where the weight is m and x is infinite)
+                    dv, mv = _splat(builder, ds[0], _VF), _splat(builder, ds[1], _VF)
+                    for q, xv in zip(codes, xs):
+                        state = state[1:] + [_fma(builder, builder.fadd(builder.fmul(q, dv), mv), xv, state[0])]
+                    return state
+                v = _tree_sum(builder, [builder.fmul(q, xv) for q, xv in zip(codes, xs)])
+                return state[1:] + [_fma(builder, _splat(builder, ds[0], _VF), v, state[0])]
+
+            accs = _each_block(builder, prow, nb, fmt, [zero] * CHAINS, body)
+            return _lane_sum(builder, _tree_sum(builder, accs))
+
+        return types.float32(row, x), codegen
+
+    return typer
 
 
-@intrinsic
-def q8_0_row_dot(typingctx, row, x):
-    """dot(dequantized Q8_0 row, x[:nb*32]) as f32: per block fma(d, q * x, acc)."""
-    if not (_is_u8_row(row) and _is_f32(x)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        prow, xp, nb = _row_args(context, builder, sig, args, Q8_0_BYTES)
-        return _dot(builder, prow, nb, _Q8_0, lambda b: builder.fmul(
-            _q8_0_codes(builder, prow, b), _load_vec(builder, xp, _offset(builder, b, LANES), _VF)))
-
-    return types.float32(row, x), codegen
-
-
-@intrinsic
-def tq2_0_row_dot(typingctx, row, x):
-    """dot(dequantized TQ2_0 row, x[:nb*256]) as f32: per block fma(d, sum of the 8 groups' q * x, acc)."""
-    if not (_is_u8_row(row) and _is_f32(x)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        prow, xp, nb = _row_args(context, builder, sig, args, TQ2_0_BYTES)
-
-        def block_vector(b):
-            return _tree_sum(builder, [
-                builder.fmul(q, _load_vec(builder, xp, _offset(builder, b, 8 * LANES, g * LANES), _VF))
-                for g, q in enumerate(_tq2_0_codes(builder, prow, b))])
-
-        return _dot(builder, prow, nb, _TQ2_0, block_vector)
-
-    return types.float32(row, x), codegen
-
-
-def _decoder(nbytes, layout, codes):
-    """A row decoder intrinsic: out[b*E : (b+1)*E] = codes * d for every block (the reference's product)."""
-    per_block = LANES * (1 if nbytes == Q8_0_BYTES else 8)
-
+def _decoder(fmt: _Format):
+    """A row decoder: out[b*E : (b+1)*E] = codes * d (then + m) for every block, the reference's float32 steps."""
     def typer(typingctx, row, out):
         if not (_is_u8_row(row) and _is_f32(out)):
             return None
 
         def codegen(context, builder, sig, args):
-            prow, op, nb = _row_args(context, builder, sig, args, nbytes)
+            prow, op, nb = _row_args(context, builder, sig, args, fmt.nbytes)
 
-            def body(b, d, state):
-                dv = _splat(builder, d, _VF)
-                for g, q in enumerate(codes(builder, prow, b)):
-                    _store_vec(builder, builder.fmul(q, dv), op, _offset(builder, b, per_block, g * LANES))
+            def body(b, ds, state):
+                dv = _splat(builder, ds[0], _VF)
+                for g, q in enumerate(fmt.codes(builder, prow, b)):
+                    v = builder.fmul(q, dv)
+                    if len(ds) > 1:
+                        v = builder.fadd(v, _splat(builder, ds[1], _VF))
+                    _store_vec(builder, v, op, _offset(builder, b, fmt.elements, g * LANES))
                 return state
 
-            _each_block(builder, prow, nb, layout, [], body)
+            _each_block(builder, prow, nb, fmt, [], body)
             return context.get_dummy_value()
 
         return types.void(row, out), codegen
@@ -280,10 +300,14 @@ def _decoder(nbytes, layout, codes):
     return typer
 
 
-q8_0_row_decode = intrinsic(_decoder(Q8_0_BYTES, _Q8_0, lambda builder, row, b: [_q8_0_codes(builder, row, b)]))
-q8_0_row_decode.__doc__ = "out[:nb*32] = the Q8_0 row's weights (float32(q) * d)."
-tq2_0_row_decode = intrinsic(_decoder(TQ2_0_BYTES, _TQ2_0, _tq2_0_codes))
-tq2_0_row_decode.__doc__ = "out[:nb*256] = the TQ2_0 row's weights ((q - 1) * d)."
+q8_0_row_dot = intrinsic(_row_dot(_Q8_0))
+tq2_0_row_dot = intrinsic(_row_dot(_TQ2_0))
+q4_0_row_dot = intrinsic(_row_dot(_Q4_0))
+q4_1_row_dot = intrinsic(_row_dot(_Q4_1))
+q8_0_row_decode = intrinsic(_decoder(_Q8_0))  # float32(q) * d
+tq2_0_row_decode = intrinsic(_decoder(_TQ2_0))  # (q - 1) * d
+q4_0_row_decode = intrinsic(_decoder(_Q4_0))  # (q - 8) * d
+q4_1_row_decode = intrinsic(_decoder(_Q4_1))  # q * d + m
 
 
 def _is_i64(t) -> bool:
