@@ -35,6 +35,13 @@ CASES = [
 
 
 @pytest.fixture
+def split_small(monkeypatch):
+    """Split work over the threads however small (these tests' shapes are below the shipped threshold)."""
+    from rlx_runtime import threads
+    monkeypatch.setattr(threads, "_MIN_SPLIT_WORK", 0)
+
+
+@pytest.fixture
 def always_shifted(monkeypatch):
     monkeypatch.setattr(conv_shifted, "MIN_COLUMN_BYTES", 0)
     monkeypatch.setattr(conv_shifted, "MIN_OUT_WIDTH", 1)
@@ -62,16 +69,19 @@ def _rlx_conv(xs, w, b, attrs, act=None):
     return g.build()
 
 
-@pytest.mark.parametrize("xs,ws,attrs", CASES, ids=str)
-def test_matches_onnxruntime(xs, ws, attrs, always_shifted):
-    w = RNG.standard_normal(ws).astype(np.float32)
-    b = RNG.standard_normal(ws[0]).astype(np.float32)
+def _check_against_onnxruntime(xs, w, b, attrs, calls: list) -> None:
     x = RNG.standard_normal(xs).astype(np.float32)
     ref = ort.InferenceSession(_onnx_conv(xs, w, b, attrs), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     got = Session().compile(_rlx_conv(xs, w, b, attrs)).run({"x": x})["conv"]
-    assert always_shifted, "the shifted path did not run"
+    assert calls, "the path under test did not run"
     assert got.shape == ref[0].shape
     np.testing.assert_allclose(got, ref[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("xs,ws,attrs", CASES, ids=str)
+def test_matches_onnxruntime(xs, ws, attrs, always_shifted):
+    w = RNG.standard_normal(ws).astype(np.float32)
+    _check_against_onnxruntime(xs, w, RNG.standard_normal(ws[0]).astype(np.float32), attrs, always_shifted)
 
 
 @pytest.mark.parametrize("xs,ws,attrs", CASES[:3], ids=str)
@@ -98,7 +108,7 @@ def _unfused(graph, monkeypatch):
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 @pytest.mark.parametrize("act", ["Silu", "Relu", "Sigmoid"])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_fused_equals_unfused(act, threads, always_shifted, monkeypatch):
+def test_fused_equals_unfused(act, threads, always_shifted, split_small, monkeypatch):
     """The FusedConv epilogue runs on each finished block of rows (several threads at 2): the values must be
     the unfused Conv + activation's, bit for bit, NaN and Inf included."""
     xs, ws, attrs = (1, 6, 23, 30), (8, 6, 3, 3), {"pads": [1, 1, 1, 1]}
@@ -114,7 +124,7 @@ def test_fused_equals_unfused(act, threads, always_shifted, monkeypatch):
     assert always_shifted
 
 
-def test_two_threads_agree_with_one(always_shifted):
+def test_two_threads_agree_with_one(always_shifted, split_small):
     xs, ws = (2, 16, 40, 37), (24, 16, 3, 3)
     g = _rlx_conv(xs, RNG.standard_normal(ws).astype(np.float32), RNG.standard_normal(24).astype(np.float32),
                   {"pads": [1, 1, 1, 1]})
@@ -198,13 +208,7 @@ def depthwise_calls(monkeypatch):
 
 @pytest.mark.parametrize("xs,k,attrs", DEPTHWISE, ids=str)
 def test_depthwise_matches_onnxruntime(xs, k, attrs, depthwise_calls):
-    w, b, attrs = _depthwise(xs, k, attrs)
-    x = RNG.standard_normal(xs).astype(np.float32)
-    ref = ort.InferenceSession(_onnx_conv(xs, w, b, attrs), providers=["CPUExecutionProvider"]).run(None, {"x": x})
-    got = Session().compile(_rlx_conv(xs, w, b, attrs)).run({"x": x})["conv"]
-    assert depthwise_calls, "the depthwise path did not run"
-    assert got.shape == ref[0].shape
-    np.testing.assert_allclose(got, ref[0], rtol=1e-5, atol=1e-5)
+    _check_against_onnxruntime(xs, *_depthwise(xs, k, attrs), depthwise_calls)
 
 
 @pytest.mark.parametrize("xs,k,attrs", DEPTHWISE[:6], ids=str)
@@ -230,7 +234,7 @@ def test_depthwise_sums_the_taps_in_order(xs, k, attrs, depthwise_calls):
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 @pytest.mark.parametrize("act", ["Silu", "Relu", "Clip"])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_depthwise_fused_equals_unfused(act, threads, depthwise_calls, monkeypatch):
+def test_depthwise_fused_equals_unfused(act, threads, depthwise_calls, split_small, monkeypatch):
     xs = (2, 24, 13, 41)
     w, b, attrs = _depthwise(xs, (3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 1]})
     g = GraphBuilder("c")
@@ -248,7 +252,7 @@ def test_depthwise_fused_equals_unfused(act, threads, depthwise_calls, monkeypat
     assert depthwise_calls
 
 
-def test_depthwise_two_threads_give_the_same_bits(depthwise_calls):
+def test_depthwise_two_threads_give_the_same_bits(depthwise_calls, split_small):
     xs = (1, 64, 30, 30)
     w, b, attrs = _depthwise(xs, (3, 3), {"pads": [1, 1, 1, 1]})
     c = Session().compile(_rlx_conv(xs, w, b, attrs))

@@ -19,7 +19,8 @@ def depthwise2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp,
     """Conv without bias: (n, c, h, w) * (c, 1, kh, kw), group c -> fresh (n, c, oh, ow) float32. `epilogue` as
     in threads.matmul, on each finished block of channels of the output viewed as (n*c, 1, oh*ow)."""
     from .conv_kernels import depthwise_planes
-    from .threads import chunk_edges, run_chunks, threads_in_use
+    from .simd import LANES
+    from .threads import chunk_edges, run_chunks, threads_for
 
     n, c, h, wd = x.shape
     kh, kw = w.shape[2:]
@@ -30,28 +31,32 @@ def depthwise2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp,
     # (kw-1)*dw // sw < ceil(wp / sw)), plus one spare row for the last grid row's reads past the kept columns
     wq = -(-wp // sw)
     hq = -(-hp // sh) + 1
-    phases = np.zeros((n, c, sh, sw, hq, wq), np.float32)
+    # the grid rounded up to whole 32-lane vectors (no scalar tail: a 7x7 plane has 77 outputs), and as much
+    # slack after each channel's phases for those extra reads
+    size = -(-(oh * wq) // LANES) * LANES
+    phases = np.zeros((n, c, sh * sw * hq * wq + LANES), np.float32)
+    planes = phases[:, :, :sh * sw * hq * wq].reshape(n, c, sh, sw, hq, wq)
     for p in range(sh):
         for q in range(sw):
             # padded row i = p + sh*r is input row i - top; phase rows r where that lies in [0, h)
             ra, ca = max(0, -(-(pads[0] - p) // sh)), max(0, -(-(pads[1] - q) // sw))
             rb, cb = min(hq, -(-(h + pads[0] - p) // sh)), min(wq, -(-(wd + pads[1] - q) // sw))
             if rb > ra and cb > ca:
-                phases[:, :, p, q, ra:rb, ca:cb] = x[:, :, p + sh * ra - pads[0]:p + sh * (rb - 1) - pads[0] + 1:sh,
+                planes[:, :, p, q, ra:rb, ca:cb] = x[:, :, p + sh * ra - pads[0]:p + sh * (rb - 1) - pads[0] + 1:sh,
                                                      q + sw * ca - pads[1]:q + sw * (cb - 1) - pads[1] + 1:sw]
     plane = hq * wq
-    phases = phases.reshape(n, c, sh * sw * plane)
     taps = np.ascontiguousarray(w.reshape(c, kh * kw))
     offsets = np.array([((ky * dh % sh) * sw + kx * dw % sw) * plane + (ky * dh // sh) * wq + kx * dw // sw
                         for ky in range(kh) for kx in range(kw)], np.int64)
     y = np.empty((n, c, oh, ow), np.float32)
     y3 = y.reshape(n * c, 1, oh * ow)
-    edges = chunk_edges(c, threads_in_use(), c * kh * kw * oh * wq, min_chunk=8)
+    work = c * kh * kw * oh * wq
+    edges = chunk_edges(c, threads_for(n * work), work, min_chunk=8)
 
     def chunk(i: int) -> None:
-        grid = np.empty(oh * wq, np.float32)
+        grid = np.empty(size, np.float32)
         for b in range(n):
-            depthwise_planes(phases, taps, offsets, y, b, edges[i], edges[i + 1], grid)
+            depthwise_planes(phases, taps, offsets, y, b, edges[i], edges[i + 1], grid, wq)
             if epilogue is not None:
                 epilogue(y3, b * c + edges[i], b * c + edges[i + 1], 0, 1, 0, oh * ow)
 

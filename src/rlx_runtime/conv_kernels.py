@@ -84,12 +84,12 @@ def bias_activation(bias: np.ndarray | None, activation: str, alpha: float, lo: 
 # in order (ky, kx), plain multiplies and adds, the same bits on every CPU); the first OW columns of each grid
 # row are kept.
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def depthwise_planes(phases, taps, offsets, y, n, c0, c1, grid):  # pragma: no cover - compiled
-    """phases (N, C, P * plane) f32; taps (C, T) f32; offsets (T,) int64 into a channel's phases; y (N, C, OH,
-    OW) written for image n, channels c0..c1; grid: scratch of OH * Wq floats."""
+def depthwise_planes(phases, taps, offsets, y, n, c0, c1, grid, wq):  # pragma: no cover - compiled
+    """phases (N, C, P * plane + slack) f32; taps (C, T) f32; offsets (T,) int64 into a channel's phases; y (N,
+    C, OH, OW) written for image n, channels c0..c1; grid: scratch of at least OH * wq floats, a whole number of
+    32-lane vectors (the extra outputs are dropped)."""
     oh, ow = y.shape[2], y.shape[3]
     size = grid.shape[0]
-    wq = size // oh
     for c in range(c0, c1):
         taps_f32(grid, 0, phases[n, c], 0, size, taps[c], offsets)
         for r in range(oh):

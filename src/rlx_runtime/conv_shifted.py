@@ -40,7 +40,7 @@ def conv2d_shifted(x: np.ndarray, w: np.ndarray, dil, pads, out_sp,
                    epilogue: Callable[..., None] | None = None) -> np.ndarray:
     """Conv without bias, stride 1: (n, c, h, w) * (o, c, kh, kw) -> fresh (n, o, ho, wo) float32. `epilogue`
     as in threads.matmul, run on each finished block of the output viewed as (n, o, ho*wo)."""
-    from .threads import chunk_edges, gemm_into, run_chunks, threads_in_use
+    from .threads import chunk_edges, gemm_into, run_chunks, threads_for
 
     n, c, h, wd = x.shape
     o, _, kh, kw = w.shape
@@ -57,7 +57,8 @@ def conv2d_shifted(x: np.ndarray, w: np.ndarray, dil, pads, out_sp,
     y = np.empty((n, o, ho, wo), np.float32)
     y3 = y.reshape(n, o, ho * wo)
     # blocks of output rows (the GEMMs' long side): each is `rows` x Wp columns of every channel
-    edges = chunk_edges(ho, threads_in_use(), o * c * len(offsets) * span, min_chunk=max(1, -(-64 // wp)))
+    work = o * c * len(offsets) * span
+    edges = chunk_edges(ho, threads_for(n * work), work, min_chunk=max(1, -(-64 // wp)))
 
     def chunk(i: int) -> None:
         y0, y1 = edges[i], edges[i + 1]

@@ -71,26 +71,25 @@ class _OpenBLAS:
                 self.get, self.set = get, getattr(lib, f"{prefix}openblas_set_num_threads{suffix}")
                 # the GEMMs themselves: ctypes drops the GIL for the call (np.matmul with out= keeps it)
                 index = ctypes.c_int64 if suffix else ctypes.c_int
-                self.gemm = {}
-                kinds = ((np.float32, "sgemm", ctypes.c_float), (np.float64, "dgemm", ctypes.c_double))
-                for dtype, name, scalar in kinds:
-                    fn = getattr(lib, f"{prefix}cblas_{name}{suffix}", None)
-                    if fn is not None:
-                        fn.restype = None
-                        fn.argtypes = ([ctypes.c_int] * 3 + [index] * 3 + [scalar, ctypes.c_void_p, index,
-                                       ctypes.c_void_p, index, scalar, ctypes.c_void_p, index])
-                        self.gemm[np.dtype(dtype)] = fn
-                self.gemv = {}
-                kinds = ((np.float32, "sgemv", ctypes.c_float), (np.float64, "dgemv", ctypes.c_double))
-                for dtype, name, scalar in kinds:
-                    fn = getattr(lib, f"{prefix}cblas_{name}{suffix}", None)
-                    if fn is not None:
-                        fn.restype = None
-                        fn.argtypes = ([ctypes.c_int] * 2 + [index] * 2 + [scalar, ctypes.c_void_p, index,
-                                       ctypes.c_void_p, index, scalar, ctypes.c_void_p, index])
-                        self.gemv[np.dtype(dtype)] = fn
+                self.gemm = self._cblas(lib, prefix, suffix, "gemm", 3, index)
+                self.gemv = self._cblas(lib, prefix, suffix, "gemv", 2, index)
                 return
         raise LookupError(path)
+
+    @staticmethod
+    def _cblas(lib, prefix: str, suffix: str, op: str, flags: int, index) -> dict:
+        """dtype -> cblas_s{op} / cblas_d{op} of lib with argtypes set (absent ones left out): `flags` order /
+        transpose ints, then as many sizes, alpha, A, lda, B (or x), ldb (or incx), beta, C (or y), ldc (incy)."""
+        import ctypes
+        found = {}
+        for dtype, letter, scalar in ((np.float32, "s", ctypes.c_float), (np.float64, "d", ctypes.c_double)):
+            fn = getattr(lib, f"{prefix}cblas_{letter}{op}{suffix}", None)
+            if fn is not None:
+                fn.restype = None
+                fn.argtypes = ([ctypes.c_int] * flags + [index] * flags + [scalar, ctypes.c_void_p, index,
+                               ctypes.c_void_p, index, scalar, ctypes.c_void_p, index])
+                found[np.dtype(dtype)] = fn
+        return found
 
 
 def _blas_controllers() -> list[_OpenBLAS]:
@@ -139,6 +138,11 @@ def forward_threads() -> Iterator[None]:
 def threads_in_use() -> int:
     """Threads the current forward splits work over (1 outside a forward)."""
     return getattr(_local, "threads", None) or 1
+
+
+def threads_for(work: int) -> int:
+    """Threads worth splitting `work` multiply-adds over: 1 below _MIN_SPLIT_WORK (waking a worker costs more)."""
+    return threads_in_use() if work >= _MIN_SPLIT_WORK else 1
 
 
 def _executor(workers: int) -> ThreadPoolExecutor:
