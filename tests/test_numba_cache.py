@@ -35,10 +35,12 @@ def test_cache_goes_to_the_per_user_directory(tmp_path):
 
 
 def test_numba_cache_dir_from_the_user_wins(tmp_path):
+    """The user's folder is used, with the per-digest subfolder inside: a kernel inlining another module's code
+    must not keep stale code there either."""
     mine = tmp_path / "mine"
     out = subprocess.run([sys.executable, "-c", _QUANTIZE], env=_env(tmp_path, NUMBA_CACHE_DIR=str(mine)),
                          check=True, capture_output=True, text=True).stdout.strip()
-    assert Path(out) == mine and list(mine.rglob("*.nbi"))
+    assert Path(out) == mine / f"src-{numba_setup.kernel_sources_digest()}" and list(Path(out).rglob("*.nbi"))
     assert not (tmp_path / "cache").exists()
 
 

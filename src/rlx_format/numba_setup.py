@@ -3,7 +3,7 @@
 numba's `cache=True` writes compiled kernels next to the installed sources by default. A read-only
 install cannot cache, and two users sharing one writable install race on the same files (and could
 feed each other pickled cache entries). rlx points numba's cache at a per-user directory instead,
-unless the user chose one with NUMBA_CACHE_DIR, in a subfolder per digest of rlx's kernel sources
+or the one the user chose with NUMBA_CACHE_DIR, in a subfolder per digest of rlx's kernel sources
 (`src-<digest>`; see kernel_sources_digest). This module must be imported before any
 `@numba.njit(cache=True)` decorator runs: numba picks the cache location at decoration time.
 """
@@ -38,7 +38,7 @@ def _usable(d: Path, *, private: bool) -> bool:
 
 
 def cache_dir() -> Path | None:
-    """The directory rlx gives numba for its cache: $NUMBA_CACHE_DIR if set (left to numba), else the
+    """The directory under which rlx gives numba its cache folder: $NUMBA_CACHE_DIR if set, else the
     per-user cache directory (~/.cache/rlx/numba on Linux), else a private per-user folder in the temp
     directory; None when none is usable (numba then falls back to its own choice)."""
     if os.environ.get("NUMBA_CACHE_DIR"):
@@ -78,14 +78,14 @@ def _prune_other_sources(current: Path) -> None:
 
 
 def _configure() -> None:
-    if os.environ.get("NUMBA_CACHE_DIR"):
-        return  # numba read it at import (the user's folder: kept as given)
+    # a folder the user chose gets the per-digest subfolder too: with NUMBA_CACHE_DIR kept as given, a kernel
+    # inlining simd.py's intrinsics kept its old code after simd.py changed (the mutation check caught it)
     base = cache_dir()
     if base is None:
         return
     d = base / f"src-{kernel_sources_digest()}"
     try:
-        d.mkdir(mode=0o700, exist_ok=True)
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
         _prune_other_sources(d)
     except OSError:
         return  # numba falls back to its own choice
