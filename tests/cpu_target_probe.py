@@ -98,6 +98,13 @@ def compute() -> dict[str, np.ndarray]:
             bias_activation(np.array([0.0, -0.5, 1e-3, np.inf], np.float32), act, 0.1, -1.0, 2.0)(
                 y[None], 0, 1, 0, 4, 0, y.shape[1])
             out[f"fused_conv/{act}"] = y
+        r = np.random.default_rng(10)
+        for k, stride in ((3, 1), (3, 2), (5, 1)):  # the depthwise kernel: taps summed in order, no fma
+            xc = r.standard_normal((1, 12, 19, 23)).astype(np.float32)
+            xc.reshape(-1)[::31] = np.nan
+            wc = r.standard_normal((12, 1, k, k)).astype(np.float32)
+            out[f"depthwise/{k}x{k}/s{stride}"] = _run("Conv", [xc, wc], {"group": 12, "pads": [k // 2] * 4,
+                                                                          "strides": [stride, stride]}, consts=(1,))
         for to in ("i8", "u8", "i16", "i32", "i64"):
             out[f"cast/{to}"] = _run("Cast", [f], {"to": to})
             out[f"cast16/{to}"] = _run("Cast", [f.astype(np.float16)], {"to": to})
