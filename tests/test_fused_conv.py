@@ -17,6 +17,7 @@ from rlx_format import GraphBuilder
 from rlx_runtime import Session
 from rlx_runtime.backend import CPU
 from rlx_runtime.kernels import KERNELS
+from rlx_runtime.kernels.registry import prepare_attrs
 
 RNG = np.random.default_rng(7)
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NaN inputs
@@ -136,7 +137,8 @@ def test_bake_keeps_plain_conv():
 def test_generic_kernel_is_conv_then_activation(act, act_attrs):
     """The kernel every other backend runs: the backend's Conv, then its activation kernel."""
     xs, ws, attrs = CONVS[1]
-    a = {"strides": None, "dilations": None, "pads": None, "group": 1, "alpha": 0.01, "min": None, "max": None,
+    a = {"strides": None, "dilations": None, "pads": None, "group": 1, "alpha": 0.01, "beta": 0.5, "min": None,
+         "max": None,
          **attrs, **act_attrs, "activation": act}
     x, w = _inputs(xs), RNG.standard_normal(ws).astype(np.float32)
     b = RNG.standard_normal(ws[0]).astype(np.float32)
@@ -179,3 +181,83 @@ def test_fused_equals_unfused_when_the_gemm_is_split_over_two_threads(xs, ws, gr
     with threadpool_limits(limits=2, user_api="blas"):
         np.testing.assert_array_equal(fused.run({"x": feed})["act"], ref.run({"x": feed})["act"])
 
+
+
+def _hard_swish_graph(swap_mul=False, swap_add=False, swap_outer=False, clip=(0.0, 1.0), alpha=1 / 6, beta=0.5,
+                      extra_reader=None):
+    """Conv -> Mul(alpha) -> Add(0.5) -> Clip(0, 1) -> Mul with the conv output: HardSwish as the ONNX import lowers
+    it, with the commutative operands in either order."""
+    g = GraphBuilder("hs")
+    x = g.input("x", "f32", [2, 3, 9, 11])
+    c = g.op("Conv", x, g.constant(RNG.standard_normal((5, 3, 3, 3)).astype(np.float32), name="w"),
+             g.constant(RNG.standard_normal(5).astype(np.float32), name="b"), name="conv", pads=[1, 1, 1, 1])
+    a_c = g.constant(np.array(alpha, np.float32), name="alpha")
+    b_c = g.constant(np.array(beta, np.float32), name="beta")
+    m = g.op("Mul", *((a_c, c) if swap_mul else (c, a_c)), name="m")
+    s = g.op("Add", *((b_c, m) if swap_add else (m, b_c)), name="s")
+    h = g.op("Clip", s, name="h", min=clip[0], max=clip[1])
+    g.output(g.op("Mul", *((h, c) if swap_outer else (c, h)), name="act"))
+    if extra_reader:
+        g.output(g.op("Neg", extra_reader, name="neg"))
+    return g.build()
+
+
+@pytest.mark.parametrize("swaps", [(False, False, False), (True, True, True), (True, False, True)])
+@pytest.mark.parametrize("alpha,beta", [(1 / 6, 0.5), (0.2, 0.375)])
+def test_hard_swish_fuses_with_the_unfused_values(swaps, alpha, beta, monkeypatch):
+    graph = _hard_swish_graph(*swaps, alpha=alpha, beta=beta)
+    fused, ref = Session().compile(graph), _unfused(graph, monkeypatch)
+    assert _ops(fused) == ["FusedConv"] and fused.graph.nodes[0].attrs["activation"] == "HardSwish"
+    assert not fused.graph.constants.keys() & {"alpha", "beta"}  # the fused-away scalars are dropped
+    for feed in (_inputs((2, 3, 9, 11)), RNG.standard_normal((2, 3, 9, 11)).astype(np.float32) * 4):
+        np.testing.assert_array_equal(fused.run({"x": feed})["act"], ref.run({"x": feed})["act"])
+
+
+def test_hard_swish_kernels_give_the_unfused_values(monkeypatch):
+    """Both FusedConv kernels (the CPU one and the generic one other backends run: the backend's Conv, then the
+    fused ops' own kernels) on the attrs the fusion wrote."""
+    graph = _hard_swish_graph()
+    fused, ref = Session().compile(graph), _unfused(graph, monkeypatch)
+    node = fused.graph.nodes[0]
+    w, b = (fused.graph.constants[n].value for n in node.inputs[1:])
+    a = prepare_attrs("FusedConv", node.attrs)
+    for feed in (_inputs((2, 3, 9, 11)), RNG.standard_normal((2, 3, 9, 11)).astype(np.float32) * 4):
+        want = ref.run({"x": feed})["act"]
+        np.testing.assert_array_equal(KERNELS["FusedConv"](np, a, feed, w, b), want)
+        np.testing.assert_array_equal(CPU.kernel("FusedConv")(np, a, feed, w, b), want)
+
+
+@pytest.mark.parametrize("kw", [{"clip": (0.0, 2.0)}, {"clip": (-1.0, 1.0)}, {"extra_reader": "m"},
+                                {"extra_reader": "conv"}, {"extra_reader": "h"}, {"extra_reader": "s"}])
+def test_hard_swish_not_fused_when_it_is_not_exactly_that(kw, monkeypatch):
+    graph = _hard_swish_graph(**kw)
+    compiled, ref = Session().compile(graph), _unfused(graph, monkeypatch)
+    assert not any(n.attrs.get("activation") == "HardSwish" for n in compiled.graph.nodes)
+    feed = RNG.standard_normal((2, 3, 9, 11)).astype(np.float32) * 4
+    np.testing.assert_array_equal(compiled.run({"x": feed})["act"], ref.run({"x": feed})["act"])
+
+
+def test_onnx_hard_swish_after_conv_matches_onnxruntime(tmp_path):
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from rlx_bake.onnx import import_onnx
+
+    w = RNG.standard_normal((6, 3, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("HardSwish", ["c"], ["y"])]
+    g = helper.make_graph(nodes, "hs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                          [numpy_helper.from_array(w, "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(tmp_path / "m.onnx"))
+    x = (RNG.standard_normal((1, 3, 8, 8)) * 3).astype(np.float32)
+    ref = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    graph, weights = import_onnx(tmp_path / "m.onnx")
+    rf, _ = bake(graph, weights, BakeOptions.from_profile("exact"))
+    compiled = Session().compile(rf)
+    assert [n.attrs.get("activation") for n in compiled.graph.nodes] == ["HardSwish"]
+    # the conv sums in another order than onnxruntime's MLAS: float32 rounding apart, as the conv-path tests allow
+    np.testing.assert_allclose(compiled.run({"x": x})["y"], ref, rtol=1e-5, atol=1e-5)

@@ -17,13 +17,13 @@ from rlx_format.numba_setup import numba
 from .simd import taps_f32
 from .ufuncs import EXP_TERMS, sigmoid_f32_loop
 
-ACTIVATION_CODES = {"Relu": 0, "Sigmoid": 1, "Silu": 2, "LeakyRelu": 3, "Clip": 4}
+ACTIVATION_CODES = {"Relu": 0, "Sigmoid": 1, "Silu": 2, "LeakyRelu": 3, "Clip": 4, "HardSwish": 5}
 
 
 # error_model="numpy" as in ufuncs.py: no exception branch, so the row loops vectorize. nogil: blocks of one
 # conv run on several threads at once (threads.matmul)
 @numba.njit(cache=True, error_model="numpy", nogil=True)
-def _bias_act_block(y, b0, b1, r0, r1, c0, c1, groups, bias, has_bias, act, alpha, has_lo, lo, has_hi, hi,
+def _bias_act_block(y, b0, b1, r0, r1, c0, c1, groups, bias, has_bias, act, alpha, beta, has_lo, lo, has_hi, hi,
                     terms):  # pragma: no cover - compiled
     """y: the whole (B, M, N) float32 GEMM output (C-contiguous), changed in place in [b0, b1) x [r0, r1) x
     [c0, c1); row r of matrix b is channel (b % groups) * M + r; bias: (channels,)."""
@@ -51,6 +51,16 @@ def _bias_act_block(y, b0, b1, r0, r1, c0, c1, groups, bias, has_bias, act, alph
                 for i in range(w):
                     v = row[i]
                     row[i] = v if v >= 0 else v * alpha
+            elif act == 5:  # HardSwish as lowered: v * Clip(v * alpha + beta, 0, 1), the Clip as below
+                for i in range(w):
+                    v = row[i]
+                    t = v * alpha  # two roundings, as the unfused Mul and Add (no fma: no fastmath here)
+                    t = t + beta
+                    if t < 0:
+                        t = np.float32(0.0)
+                    if t > 1:
+                        t = np.float32(1.0)
+                    row[i] = v * t
             else:  # Clip: np.maximum with lo, then np.minimum with hi (a NaN on either side gives NaN)
                 for i in range(w):
                     v = row[i]
@@ -62,11 +72,12 @@ def _bias_act_block(y, b0, b1, r0, r1, c0, c1, groups, bias, has_bias, act, alph
 
 
 def bias_activation(bias: np.ndarray | None, activation: str, alpha: float, lo: float | None,
-                    hi: float | None, groups: int = 1) -> Callable[..., None]:
+                    hi: float | None, groups: int = 1, beta: float = 0.5) -> Callable[..., None]:
     """The epilogue threads.matmul runs on each finished block of a conv's float32 GEMM output (B, M, N):
     Conv's bias, then `activation`, in place. Matrix b holds group b % groups of one image."""
     b = np.zeros(1, np.float32) if bias is None else np.ascontiguousarray(bias, dtype=np.float32).reshape(-1)
-    args = (groups, b, bias is not None, ACTIVATION_CODES[activation], np.float32(alpha), lo is not None,
+    args = (groups, b, bias is not None, ACTIVATION_CODES[activation], np.float32(alpha), np.float32(beta),
+            lo is not None,
             np.float32(0 if lo is None else lo), hi is not None, np.float32(0 if hi is None else hi), EXP_TERMS)
 
     def epilogue(y3: np.ndarray, b0: int, b1: int, r0: int, r1: int, c0: int, c1: int) -> None:

@@ -101,8 +101,12 @@ _CONV_ATTRS = {"strides": Attr("ints", None, lo=1), "pads": Attr("ints", None, l
 _reg("Conv", (2, 3), infer_conv, dict(_CONV_ATTRS))
 # compile-time fusion of a Conv and the activation that alone reads it (rlx_runtime.passes.fuse_conv)
 FUSED_CONV_ACTIVATIONS = ("Relu", "Sigmoid", "Silu", "LeakyRelu", "Clip")
-_reg("FusedConv", (2, 3), infer_conv, {**_CONV_ATTRS, "activation": Attr("str", choices=FUSED_CONV_ACTIVATIONS),
-                                       "alpha": Attr("float", 0.01), "min": Attr("float", None, nonfinite=True),
+# activations FusedConv takes from a pattern of several ops (HardSwish: v * Clip(v * alpha + beta, 0, 1))
+FUSED_CONV_PATTERNS = ("HardSwish",)
+_reg("FusedConv", (2, 3), infer_conv, {**_CONV_ATTRS,
+                                       "activation": Attr("str", choices=FUSED_CONV_ACTIVATIONS + FUSED_CONV_PATTERNS),
+                                       "alpha": Attr("float", 0.01), "beta": Attr("float", 0.5),
+                                       "min": Attr("float", None, nonfinite=True),
                                        "max": Attr("float", None, nonfinite=True)})
 _reg("ConvTranspose", (2, 3), infer_conv_transpose, {**_CONV_ATTRS, "output_padding": Attr("ints", None, lo=0)})
 _POOL_ATTRS = {"kernel_shape": Attr("ints", lo=1), "strides": Attr("ints", None, lo=1),

@@ -211,13 +211,17 @@ def _fused_conv(xp, a, x, w, b=None):
     """Conv, then its activation: each op's own kernel on this backend, so the values are the unfused ones."""
     be = backend_of(xp)
     y = be.kernel("Conv")(xp, a, x, w, b)
+    if a["activation"] == "HardSwish":  # the ops it was fused from, in order
+        t = be.kernel("Add")(xp, {}, be.kernel("Mul")(xp, {}, y, xp.asarray(a["alpha"], y.dtype)),
+                             xp.asarray(a["beta"], y.dtype))
+        return be.kernel("Mul")(xp, {}, y, be.kernel("Clip")(xp, {"min": 0.0, "max": 1.0}, t))
     return be.kernel(a["activation"])(xp, a, y)
 
 
 @kernel("FusedConv", backend="cpu")
 def _fused_conv_cpu(xp, a, x, w, b=None):
     """Relu: the conv's own fresh result made non-negative in place (no numba: a CNN's first forward does not
-    pay numba's load). float32 Sigmoid/Silu/LeakyRelu/Clip: the GEMM, then bias and activation in one numba
+    pay numba's load). float32 Sigmoid/Silu/LeakyRelu/Clip/HardSwish: the GEMM, then bias and activation in one numba
     pass over each output row. The values are the unfused ones either way."""
     if a["activation"] == "Relu" and x.dtype.kind == "f":
         y = _conv_cpu(xp, a, x, w, b)
@@ -225,7 +229,8 @@ def _fused_conv_cpu(xp, a, x, w, b=None):
     if x.dtype != np.float32:
         return _fused_conv(xp, a, x, w, b)
     from ..conv_kernels import bias_activation
-    return _conv_nobias_cpu(a, x, w, bias_activation(b, a["activation"], a["alpha"], a["min"], a["max"], a["group"]))
+    return _conv_nobias_cpu(a, x, w, bias_activation(b, a["activation"], a["alpha"], a["min"], a["max"], a["group"],
+                                                     a["beta"]))
 
 
 @kernel("ConvTranspose")

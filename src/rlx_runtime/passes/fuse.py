@@ -8,7 +8,9 @@ SiLU: Mul(x, Sigmoid(x)) (either order) -> Silu(x) when the Sigmoid feeds nothin
 multiplies x by the same Sigmoid result, so the values are equal.
 
 Conv + activation (`fuse_conv_activation`, compile only, so baked files keep plain Conv): Conv whose only
-reader is a Relu/Sigmoid/Silu/LeakyRelu/Clip -> FusedConv(activation=...), with equal values.
+reader is a Relu/Sigmoid/Silu/LeakyRelu/Clip -> FusedConv(activation=...), with equal values; and
+Mul(c, Clip(c * alpha + beta, 0, 1)) over a Conv c (HardSwish as the ONNX import lowers it) -> FusedConv
+(activation=HardSwish).
 """
 
 from __future__ import annotations
@@ -106,20 +108,76 @@ def _fuse_silu(graph: Graph, absorbed: set[str]) -> int:
 
 
 
-def fuse_conv_activation(graph: Graph, report=None) -> Graph:
-    """Conv followed by an activation that alone reads it -> one FusedConv (compile only: the CPU kernel
-    adds the bias and applies the activation in one pass; every kernel gives the unfused values). Clip is
-    fused when its bounds are attrs (run-time bound operands stay unfused)."""
+def _scalar_value(graph: Graph, name: str):
+    c = graph.constants.get(name)
+    if c is None or c.value is None or c.value.size != 1 or c.dtype != "f32":
+        return None
+    return float(c.value.reshape(()))
+
+
+def _fuse_conv_hard_swish(graph: Graph, absorbed: set[str]) -> int:
+    """Mul(c, Clip(Add(Mul(c, alpha), beta), min=0, max=1)) over a float32 Conv c (operands in either order; the
+    ONNX HardSwish / HardSigmoid lowering) -> FusedConv(activation=HardSwish, alpha, beta), when c and the
+    intermediates feed nothing else. The kernel repeats the same float32 steps."""
     nodes = graph.node_map()
     users = graph.consumers()
     outputs = set(graph.outputs)
+
+    def only(name: str, op: str, readers: int = 1) -> Node | None:
+        n = nodes.get(name)
+        ok = (n is not None and n.op == op and name not in outputs and name not in absorbed
+              and len(users.get(name, [])) == readers)
+        return n if ok else None
+
+    def split(node: Node) -> tuple[str, float] | None:
+        """(the other operand, the f32 scalar) of a binary node with one f32 scalar-constant operand."""
+        a, b = node.inputs
+        for other, const in ((a, b), (b, a)):
+            v = _scalar_value(graph, const)
+            if v is not None:
+                return other, v
+        return None
+
+    fused = 0
+    for y in graph.nodes:
+        if y.op != "Mul" or len(y.inputs) != 2 or y.name in absorbed:
+            continue
+        for c_name, h_name in ((y.inputs[0], y.inputs[1]), (y.inputs[1], y.inputs[0])):
+            conv, clip = only(c_name, "Conv", readers=2), only(h_name, "Clip")
+            if conv is None or clip is None or len(clip.inputs) != 1 or clip.attrs.get("min") != 0.0 \
+                    or clip.attrs.get("max") != 1.0 or graph.types[c_name].dtype != "f32":
+                continue
+            add = only(clip.inputs[0], "Add")
+            lin = split(add) if add is not None else None
+            mul = only(lin[0], "Mul") if lin is not None else None
+            slope = split(mul) if mul is not None else None
+            if slope is None or slope[0] != c_name or graph.types[y.name] != graph.types[c_name]:
+                continue
+            y.op, y.inputs = "FusedConv", list(conv.inputs)
+            y.attrs = {**conv.attrs, "activation": "HardSwish", "alpha": slope[1], "beta": lin[1]}
+            absorbed.update((conv.name, mul.name, add.name, clip.name))
+            fused += 1
+            break
+    return fused
+
+
+def fuse_conv_activation(graph: Graph, report=None) -> Graph:
+    """Conv followed by an activation that alone reads it -> one FusedConv (compile only: the CPU kernel
+    adds the bias and applies the activation in one pass; every kernel gives the unfused values). Clip is
+    fused when its bounds are attrs (run-time bound operands stay unfused); HardSwish from its lowered ops."""
     absorbed: set[str] = set()
+    read = {i for n in graph.nodes for i in n.inputs}
+    _fuse_conv_hard_swish(graph, absorbed)
+    nodes = graph.node_map()
+    users = graph.consumers()
+    outputs = set(graph.outputs)
     for act in graph.nodes:
-        if act.op not in FUSED_CONV_ACTIVATIONS or (act.op == "Clip" and len(act.inputs) != 1):
+        if (act.op not in FUSED_CONV_ACTIVATIONS or (act.op == "Clip" and len(act.inputs) != 1)
+                or act.name in absorbed):
             continue
         conv = nodes.get(act.inputs[0])
-        if (conv is None or conv.op != "Conv" or conv.name in outputs or len(users.get(conv.name, [])) != 1
-                or graph.types[conv.name] != graph.types[act.name]):
+        if (conv is None or conv.op != "Conv" or conv.name in absorbed or conv.name in outputs
+                or len(users.get(conv.name, [])) != 1 or graph.types[conv.name] != graph.types[act.name]):
             continue
         extra = {k: act.attrs[k] for k in ("alpha", "min", "max") if k in act.attrs}
         act.op, act.inputs, act.attrs = "FusedConv", list(conv.inputs), {**conv.attrs, **extra,
@@ -130,4 +188,7 @@ def fuse_conv_activation(graph: Graph, report=None) -> Graph:
     if not absorbed:
         return graph
     graph.nodes = [n for n in graph.nodes if n.name not in absorbed]
+    still = {i for n in graph.nodes for i in n.inputs} | set(graph.outputs)
+    for name in read - still:  # HardSwish's fused-away scalars
+        graph.constants.pop(name, None)
     return graph.validate()
