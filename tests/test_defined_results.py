@@ -264,8 +264,8 @@ def _targets() -> dict[str, dict[str, str]]:
     }
 
 
-# the fused Q8_0 / TQ2_0 / Q4_0 / Q4_1 dots are explicit vector IR (rlx_runtime/simd.py): one summation order everywhere
-_SAME_BITS_DQMM = ("dqmm/gguf_q8_0/3", "dqmm/gguf_tq2_0/3", "dqmm/gguf_q4_0/3", "dqmm/gguf_q4_1/3")
+# the fused Q8_0 / TQ2_0 / Q4_x / Q5_x dots are explicit vector IR (rlx_runtime/simd.py): one summation order everywhere
+_SAME_BITS_DQMM = tuple(f"dqmm/gguf_{t}/3" for t in ("q8_0", "tq2_0", "q4_0", "q4_1", "q5_0", "q5_1"))
 
 
 @pytest.fixture(scope="module")

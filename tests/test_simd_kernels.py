@@ -17,7 +17,7 @@ from rlx_runtime.simd import GROUP, Q8_0_BYTES, TQ2_0_BYTES
 R = np.random.default_rng(11)
 # block, bytes, d offset (Q4_1's m follows its d)
 CODECS = {"gguf_q8_0": (32, Q8_0_BYTES, 0), "gguf_tq2_0": (256, TQ2_0_BYTES, 64), "gguf_q4_0": (32, 18, 0),
-          "gguf_q4_1": (32, 20, 0)}
+          "gguf_q4_1": (32, 20, 0), "gguf_q5_0": (32, 22, 0), "gguf_q5_1": (32, 24, 0)}
 
 
 def _every_scale(enc: str) -> np.ndarray:
@@ -28,10 +28,16 @@ def _every_scale(enc: str) -> np.ndarray:
     p = np.zeros((h.size, nbytes), np.uint8)
     # codes: Q8_0 int8 +1; TQ2_0 code 2 (= +1) in all 4 slots; Q4_0 nibbles 9 (= +1); Q4_1 nibbles 1 and its m
     # the same pattern as d (0x11 bytes: every element is d + d)
-    codes = {"gguf_q8_0": 1, "gguf_tq2_0": 0b10101010, "gguf_q4_0": 0x99, "gguf_q4_1": 0x11}[enc]
+    # Q5_0: nibbles 1 with every fifth bit set (17 - 16 = +1); Q5_1: nibbles 1, fifth bits clear, m as for Q4_1
+    codes = {"gguf_q8_0": 1, "gguf_tq2_0": 0b10101010, "gguf_q4_0": 0x99, "gguf_q4_1": 0x11, "gguf_q5_0": 0x11,
+             "gguf_q5_1": 0x11}[enc]
     p[:] = codes
+    if enc == "gguf_q5_0":
+        p[:, 2:6] = 0xFF
+    if enc == "gguf_q5_1":
+        p[:, 4:8] = 0
     p[:, at], p[:, at + 1] = h & 255, h >> 8
-    if enc == "gguf_q4_1":
+    if enc in ("gguf_q4_1", "gguf_q5_1"):
         p[:, at + 2], p[:, at + 3] = h & 255, h >> 8
     return p
 

@@ -18,8 +18,8 @@ from rlx_format.codecs import CODECS, get_codec
 from rlx_format.quants import block_fields, dequantize, dequantize_fields
 
 from .packed import tiled_matmul
-from .simd import (q4_0_row_decode, q4_0_row_dot, q4_1_row_decode, q4_1_row_dot, q8_0_row_decode, q8_0_row_dot,
-                   tq2_0_row_decode, tq2_0_row_dot)
+from .simd import (q4_0_row_decode, q4_0_row_dot, q4_1_row_decode, q4_1_row_dot, q5_0_row_decode, q5_0_row_dot,
+                   q5_1_row_decode, q5_1_row_dot, q8_0_row_decode, q8_0_row_dot, tq2_0_row_decode, tq2_0_row_dot)
 from .threads import matmul
 
 prange = numba.prange
@@ -62,7 +62,7 @@ _DOT_MATH = {"reassoc", "contract"}
 # faster than a per-block dot on AVX-512), and lanes are summed once per output.
 
 
-# Q8_0, TQ2_0, Q4_0 and Q4_1 rows go through the explicit-vector intrinsics of simd.py (numba's vectorizer left
+# Q8_0, TQ2_0, Q4_0/1 and Q5_0/1 rows go through the explicit-vector intrinsics of simd.py (numba's vectorizer left
 # these loops scalar or half-vectorized), chosen per row by `kind` (a branch per row costs nothing measurable):
 # parallel over output rows for the fused dot, one thread for a row tile.
 @numba.njit(cache=True, inline="always")
@@ -73,7 +73,11 @@ def _simd_dot(kind, row, x):
         return tq2_0_row_dot(row, x)
     if kind == 2:
         return q4_0_row_dot(row, x)
-    return q4_1_row_dot(row, x)
+    if kind == 3:
+        return q4_1_row_dot(row, x)
+    if kind == 4:
+        return q5_0_row_dot(row, x)
+    return q5_1_row_dot(row, x)
 
 
 @numba.njit(cache=True, inline="always")
@@ -84,8 +88,12 @@ def _simd_decode(kind, row, out):
         tq2_0_row_decode(row, out)
     elif kind == 2:
         q4_0_row_decode(row, out)
-    else:
+    elif kind == 3:
         q4_1_row_decode(row, out)
+    elif kind == 4:
+        q5_0_row_decode(row, out)
+    else:
+        q5_1_row_decode(row, out)
 
 
 @numba.njit(cache=True, parallel=True)
@@ -113,39 +121,13 @@ q8_0_fused, q8_0_rows = _simd_kernels(0)
 tq2_0_fused, tq2_0_rows = _simd_kernels(1)
 q4_0_fused, q4_0_rows = _simd_kernels(2)
 q4_1_fused, q4_1_rows = _simd_kernels(3)
+q5_0_fused, q5_0_rows = _simd_kernels(4)
+q5_1_fused, q5_1_rows = _simd_kernels(5)
 
 
 # Block decoders for the types without hand-written kernels: decode block `o` (byte offset) of a packed
 # row into t[:block] as the reference does (d * q, then + m); _decoder_kernels builds the fused and
 # row-tile kernels of a type around its decoder.
-_F16 = np.float32(16.0)
-
-
-@numba.njit(cache=True, inline="always")
-def _q5_high(p, at):
-    return np.int64(p[at]) | (np.int64(p[at + 1]) << 8) | (np.int64(p[at + 2]) << 16) | (np.int64(p[at + 3]) << 24)
-
-
-@numba.njit(cache=True, inline="always")
-def _dec_q5_0(p, o, t):
-    d = _half(p[o], p[o + 1])
-    qh = _q5_high(p, o + 2)
-    for j in range(16):
-        b = np.int64(p[o + 6 + j])
-        t[j] = (np.float32((b & 15) | (((qh >> j) & 1) << 4)) - _F16) * d
-        t[j + 16] = (np.float32((b >> 4) | (((qh >> (j + 16)) & 1) << 4)) - _F16) * d
-
-
-@numba.njit(cache=True, inline="always")
-def _dec_q5_1(p, o, t):
-    d, m = _half(p[o], p[o + 1]), _half(p[o + 2], p[o + 3])
-    qh = _q5_high(p, o + 4)
-    for j in range(16):
-        b = np.int64(p[o + 8 + j])
-        t[j] = np.float32((b & 15) | (((qh >> j) & 1) << 4)) * d + m
-        t[j + 16] = np.float32((b >> 4) | (((qh >> (j + 16)) & 1) << 4)) * d + m
-
-
 _POW3 = np.array([1, 3, 9, 27, 81], np.int32)
 
 
@@ -205,22 +187,18 @@ def _dec_mxfp4(p, o, t):
 
 # The block decoders by index: one compiled (and cached) kernel serves them all through a branch per
 # block; a function-typed argument would be recompiled in every process (numba cannot cache it).
-_BLOCK_DECODERS = ("_dec_q5_0", "_dec_q5_1", "_dec_tq1_0", "_dec_mxfp4", "_dec_q4_k", "_dec_q5_k", "_dec_q6_k")
+_BLOCK_DECODERS = ("_dec_tq1_0", "_dec_mxfp4", "_dec_q4_k", "_dec_q5_k", "_dec_q6_k")
 
 
 @numba.njit(cache=True, inline="always")
 def _decode_block(kind, p, o, t):
     if kind == 0:
-        _dec_q5_0(p, o, t)
-    elif kind == 1:
-        _dec_q5_1(p, o, t)
-    elif kind == 2:
         _dec_tq1_0(p, o, t)
-    elif kind == 3:
+    elif kind == 1:
         _dec_mxfp4(p, o, t)
-    elif kind == 4:
+    elif kind == 2:
         _dec_q4_k(p, o, t)  # (defined at the end of the module)
-    elif kind == 5:
+    elif kind == 3:
         _dec_q5_k(p, o, t)
     else:
         _dec_q6_k(p, o, t)

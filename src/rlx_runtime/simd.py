@@ -1,4 +1,4 @@
-"""Explicit-vector kernels for packed Q8_0 and TQ2_0 rows: LLVM vector IR behind numba intrinsics.
+"""Explicit-vector kernels for packed Q8_0, TQ2_0, Q4_0/1 and Q5_0/1 rows: LLVM vector IR behind numba intrinsics.
 
 Why IR and not numba loops: numba's loop vectorizer left the 32-wide block loops of the row decoders scalar
 (it cannot prove that the output row and the packed bytes do not overlap, and for 32 iterations it judged a
@@ -206,15 +206,22 @@ def _tq2_0_codes(builder, row, b):
     return groups
 
 
-def _q4_codes(builder, row, b, nbytes, at, signed):
-    """A 4-bit block's 32 codes as f32 lanes: element j < 16 in the low nibble of byte at + j, j + 16 in its high
-    nibble; Q4_0's codes are q - 8 (signed), Q4_1's q."""
+def _nibble_codes(builder, row, b, nbytes, at, high_at, offset):
+    """A 4- or 5-bit block's 32 codes as f32 lanes: element j < 16 in the low nibble of byte at + j, j + 16 in
+    its high nibble; with `high_at`, bit j of the little-endian u32 there is element j's fifth bit (Q5_x); then
+    minus `offset` (Q4_0: 8, Q5_0: 16; the types with a min: 0)."""
     raw = _load_vec(builder, row, _offset(builder, b, nbytes, at), ir.VectorType(_I8, 16))
     lo = builder.and_(raw, _splat(builder, ir.Constant(_I8, 15), raw.type))
     hi = builder.lshr(raw, _splat(builder, ir.Constant(_I8, 4), raw.type))
     q = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, LANES), list(range(LANES))))
-    if signed:
-        return [builder.sitofp(builder.sub(q, _splat(builder, ir.Constant(_I8, 8), _VI8)), _VF)]
+    if high_at is not None:
+        vi32 = ir.VectorType(_I32, LANES)
+        ptr = builder.bitcast(builder.gep(row, [_offset(builder, b, nbytes, high_at)]), _I32.as_pointer())
+        bits = builder.lshr(_splat(builder, builder.load(ptr, align=1), vi32), ir.Constant(vi32, list(range(LANES))))
+        fifth = builder.trunc(builder.and_(bits, _splat(builder, ir.Constant(_I32, 1), vi32)), _VI8)
+        q = builder.or_(q, builder.shl(fifth, _splat(builder, ir.Constant(_I8, 4), _VI8)))
+    if offset:
+        return [builder.sitofp(builder.sub(q, _splat(builder, ir.Constant(_I8, offset), _VI8)), _VF)]
     return [builder.uitofp(q, _VF)]
 
 
@@ -231,8 +238,10 @@ class _Format:
 
 _Q8_0 = _Format(Q8_0_BYTES, (0,), lambda builder, row, b: [_q8_0_codes(builder, row, b)])
 _TQ2_0 = _Format(TQ2_0_BYTES, (64,), _tq2_0_codes)
-_Q4_0 = _Format(18, (0,), lambda builder, row, b: _q4_codes(builder, row, b, 18, 2, True))
-_Q4_1 = _Format(20, (0, 2), lambda builder, row, b: _q4_codes(builder, row, b, 20, 4, False))
+_Q4_0 = _Format(18, (0,), lambda builder, row, b: _nibble_codes(builder, row, b, 18, 2, None, 8))
+_Q4_1 = _Format(20, (0, 2), lambda builder, row, b: _nibble_codes(builder, row, b, 20, 4, None, 0))
+_Q5_0 = _Format(22, (0,), lambda builder, row, b: _nibble_codes(builder, row, b, 22, 6, 2, 16))
+_Q5_1 = _Format(24, (0, 2), lambda builder, row, b: _nibble_codes(builder, row, b, 24, 8, 4, 0))
 
 
 def _tree_sum(builder, vs):
@@ -304,10 +313,14 @@ q8_0_row_dot = intrinsic(_row_dot(_Q8_0))
 tq2_0_row_dot = intrinsic(_row_dot(_TQ2_0))
 q4_0_row_dot = intrinsic(_row_dot(_Q4_0))
 q4_1_row_dot = intrinsic(_row_dot(_Q4_1))
+q5_0_row_dot = intrinsic(_row_dot(_Q5_0))
+q5_1_row_dot = intrinsic(_row_dot(_Q5_1))
 q8_0_row_decode = intrinsic(_decoder(_Q8_0))  # float32(q) * d
 tq2_0_row_decode = intrinsic(_decoder(_TQ2_0))  # (q - 1) * d
 q4_0_row_decode = intrinsic(_decoder(_Q4_0))  # (q - 8) * d
 q4_1_row_decode = intrinsic(_decoder(_Q4_1))  # q * d + m
+q5_0_row_decode = intrinsic(_decoder(_Q5_0))  # (q - 16) * d
+q5_1_row_decode = intrinsic(_decoder(_Q5_1))  # q * d + m
 
 
 def _is_i64(t) -> bool:
