@@ -34,8 +34,9 @@ def depthwise2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp,
     # the grid rounded up to whole 32-lane vectors (no scalar tail: a 7x7 plane has 77 outputs), and as much
     # slack after each channel's phases for those extra reads
     size = -(-(oh * wq) // LANES) * LANES
-    phases = np.zeros((n, c, sh * sw * hq * wq + LANES), np.float32)
-    planes = phases[:, :, :sh * sw * hq * wq].reshape(n, c, sh, sw, hq, wq)
+    plane = hq * wq
+    phases = np.zeros((n, c, sh * sw * plane + LANES), np.float32)
+    planes = phases[:, :, :sh * sw * plane].reshape(n, c, sh, sw, hq, wq)
     for p in range(sh):
         for q in range(sw):
             # padded row i = p + sh*r is input row i - top; phase rows r where that lies in [0, h)
@@ -44,7 +45,6 @@ def depthwise2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp,
             if rb > ra and cb > ca:
                 planes[:, :, p, q, ra:rb, ca:cb] = x[:, :, p + sh * ra - pads[0]:p + sh * (rb - 1) - pads[0] + 1:sh,
                                                      q + sw * ca - pads[1]:q + sw * (cb - 1) - pads[1] + 1:sw]
-    plane = hq * wq
     taps = np.ascontiguousarray(w.reshape(c, kh * kw))
     offsets = np.array([((ky * dh % sh) * sw + kx * dw % sw) * plane + (ky * dh // sh) * wq + kx * dw // sw
                         for ky in range(kh) for kx in range(kw)], np.int64)

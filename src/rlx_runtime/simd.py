@@ -197,11 +197,11 @@ def _tq2_0_codes(builder, row, b):
     """Block b's 8 groups of 32 codes in {-1, 0, 1} as f32 lanes, in element order (group j*4+l holds elements
     j*128 + l*32 .. +32: bits 2l..2l+1 of code byte j*32 + i)."""
     groups = []
-    three, one = _splat(builder, ir.Constant(_I8, 3), _VI8), _splat(builder, ir.Constant(_I8, 1), _VI8)
+    three, one = _const(_VI8, 3), _const(_VI8, 1)
     for j in range(2):
         raw = _load_vec(builder, row, _offset(builder, b, TQ2_0_BYTES, 32 * j), _VI8)
         for shift in range(4):
-            q = builder.lshr(raw, _splat(builder, ir.Constant(_I8, 2 * shift), _VI8)) if shift else raw
+            q = builder.lshr(raw, _const(_VI8, 2 * shift)) if shift else raw
             groups.append(builder.sitofp(builder.sub(builder.and_(q, three), one), _VF))
     return groups
 
@@ -211,17 +211,17 @@ def _nibble_codes(builder, row, b, nbytes, at, high_at, offset):
     its high nibble; with `high_at`, bit j of the little-endian u32 there is element j's fifth bit (Q5_x); then
     minus `offset` (Q4_0: 8, Q5_0: 16; the types with a min: 0)."""
     raw = _load_vec(builder, row, _offset(builder, b, nbytes, at), ir.VectorType(_I8, 16))
-    lo = builder.and_(raw, _splat(builder, ir.Constant(_I8, 15), raw.type))
-    hi = builder.lshr(raw, _splat(builder, ir.Constant(_I8, 4), raw.type))
+    lo = builder.and_(raw, _const(raw.type, 15))
+    hi = builder.lshr(raw, _const(raw.type, 4))
     q = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, LANES), list(range(LANES))))
     if high_at is not None:
         vi32 = ir.VectorType(_I32, LANES)
         ptr = builder.bitcast(builder.gep(row, [_offset(builder, b, nbytes, high_at)]), _I32.as_pointer())
         bits = builder.lshr(_splat(builder, builder.load(ptr, align=1), vi32), ir.Constant(vi32, list(range(LANES))))
-        fifth = builder.trunc(builder.and_(bits, _splat(builder, ir.Constant(_I32, 1), vi32)), _VI8)
-        q = builder.or_(q, builder.shl(fifth, _splat(builder, ir.Constant(_I8, 4), _VI8)))
+        fifth = builder.trunc(builder.and_(bits, _const(vi32, 1)), _VI8)
+        q = builder.or_(q, builder.shl(fifth, _const(_VI8, 4)))
     if offset:
-        return [builder.sitofp(builder.sub(q, _splat(builder, ir.Constant(_I8, offset), _VI8)), _VF)]
+        return [builder.sitofp(builder.sub(q, _const(_VI8, offset)), _VF)]
     return [builder.uitofp(q, _VF)]
 
 
@@ -230,14 +230,11 @@ class _Format:
     nbytes: int          # bytes per block
     scale_at: tuple      # byte offsets of the fp16 d (and m) in a block
     codes: Callable      # (builder, row, b) -> the block's codes as f32 vectors of LANES, in element order
-
-    @property
-    def elements(self) -> int:
-        return LANES * (8 if self.nbytes == TQ2_0_BYTES else 1)
+    elements: int = LANES  # elements per block
 
 
 _Q8_0 = _Format(Q8_0_BYTES, (0,), lambda builder, row, b: [_q8_0_codes(builder, row, b)])
-_TQ2_0 = _Format(TQ2_0_BYTES, (64,), _tq2_0_codes)
+_TQ2_0 = _Format(TQ2_0_BYTES, (64,), _tq2_0_codes, 8 * LANES)
 _Q4_0 = _Format(18, (0,), lambda builder, row, b: _nibble_codes(builder, row, b, 18, 2, None, 8))
 _Q4_1 = _Format(20, (0, 2), lambda builder, row, b: _nibble_codes(builder, row, b, 20, 4, None, 0))
 _Q5_0 = _Format(22, (0,), lambda builder, row, b: _nibble_codes(builder, row, b, 22, 6, 2, 16))

@@ -266,9 +266,9 @@ def gemm_into(a: np.ndarray, b: np.ndarray, out: np.ndarray, beta: float = 0.0) 
 
 def _matmul_2d(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None) -> np.ndarray:
     m, n = a.shape[0], b.shape[1]
-    threads = threads_in_use()
+    threads = threads_for(m * n * a.shape[1])
     gemm = float_gemm(a.dtype)
-    if threads <= 1 or gemm is None or m * n * a.shape[1] < _MIN_SPLIT_WORK or a.shape[1] == 0:
+    if threads <= 1 or gemm is None or a.shape[1] == 0:
         return _whole(a, b, epilogue)
     out = np.empty((m, n), a.dtype)
     out3 = out[None]
@@ -309,8 +309,8 @@ def matmul(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None = None) -> np
         return _matmul_2d(a.reshape(m, k), b.reshape(k, n), epilogue).reshape(batch + (m, n))
     if b.ndim == 2 and a.flags.c_contiguous and epilogue is None:
         return _matmul_2d(a.reshape(-1, k), b, None).reshape(a.shape[:-1] + (n,))
-    threads = threads_in_use()
-    if threads <= 1 or batch[0] < 2 or math.prod(batch) * m * n * k < _MIN_SPLIT_WORK:
+    threads = threads_for(math.prod(batch) * m * n * k)
+    if threads <= 1 or batch[0] < 2:
         return _whole(a, b, epilogue)
     out = np.empty(batch + (m, n), a.dtype)
     out3 = out.reshape(-1, m, n)

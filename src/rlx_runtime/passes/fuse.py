@@ -41,6 +41,15 @@ def _other(node: Node, graph: Graph, value) -> str | None:
     return None
 
 
+def _drop(graph: Graph, absorbed: set[str], read: set[str]) -> None:
+    """Remove the absorbed nodes, and the constants among `read` (what the nodes read before) that nothing
+    reads any more."""
+    graph.nodes = [n for n in graph.nodes if n.name not in absorbed]
+    still = {i for n in graph.nodes for i in n.inputs} | set(graph.outputs)
+    for name in read - still:
+        graph.constants.pop(name, None)
+
+
 def fuse(graph: Graph, report=None) -> Graph:
     """Both fusions; the nodes a fusion absorbed (they fed only the fused node) are removed with it."""
     absorbed: set[str] = set()
@@ -50,10 +59,7 @@ def fuse(graph: Graph, report=None) -> Graph:
         report.simplified += fused
     if not fused:
         return graph
-    graph.nodes = [n for n in graph.nodes if n.name not in absorbed]
-    still = {i for n in graph.nodes for i in n.inputs} | set(graph.outputs)
-    for name in read - still:  # the fused-away constants (0.5, 1, sqrt 2)
-        graph.constants.pop(name, None)
+    _drop(graph, absorbed, read)  # with the fused-away constants (0.5, 1, sqrt 2)
     return graph.validate()
 
 
@@ -187,8 +193,5 @@ def fuse_conv_activation(graph: Graph, report=None) -> Graph:
         report.simplified += len(absorbed)
     if not absorbed:
         return graph
-    graph.nodes = [n for n in graph.nodes if n.name not in absorbed]
-    still = {i for n in graph.nodes for i in n.inputs} | set(graph.outputs)
-    for name in read - still:  # HardSwish's fused-away scalars
-        graph.constants.pop(name, None)
+    _drop(graph, absorbed, read)  # with HardSwish's fused-away scalars
     return graph.validate()
