@@ -115,18 +115,21 @@ def test_the_cli_starts_without_the_heavy_modules():
 
 
 def test_a_relu_cnn_runs_without_loading_numba():
-    """numba's first load costs ~0.6 s per process; a plain Conv/Relu/pool CNN (ResNet's ops, fused or not)
-    must not pay it on its first forward."""
+    """numba's first load costs ~0.6 s per process; a plain Conv/Relu/pool CNN (ResNet's ops, fused or not, its
+    7x7 stem included) must not pay it on its first forward. (A stem with few weights and a large output takes
+    the numba tap kernel: conv_taps.use_dense_taps.)"""
     import subprocess
     import sys
 
     code = ("import sys, numpy as np\nfrom rlx_format import GraphBuilder\nfrom rlx_runtime import Session\n"
-            "g = GraphBuilder()\nx = g.input('x', 'f32', [1, 3, 16, 16])\n"
-            "w = g.constant(np.ones((8, 3, 3, 3), np.float32))\nb = g.constant(np.ones(8, np.float32))\n"
-            "h = g.relu(g.op('Conv', x, w, b, pads=[1, 1, 1, 1]))\n"
+            "g = GraphBuilder()\nx = g.input('x', 'f32', [1, 3, 64, 64])\n"
+            "s = g.relu(g.op('Conv', x, g.constant(np.ones((64, 3, 7, 7), np.float32)), pads=[3, 3, 3, 3],"
+            " strides=[2, 2]))\n"
+            "w = g.constant(np.ones((8, 64, 3, 3), np.float32))\nb = g.constant(np.ones(8, np.float32))\n"
+            "h = g.relu(g.op('Conv', s, w, b, pads=[1, 1, 1, 1]))\n"
             "g.output(g.op('GlobalAveragePool', g.relu(g.add(h, h)), name='y'))\n"
             "c = Session().compile(g.build())\nassert 'FusedConv' in c.plan_ops(), c.plan_ops()\n"
-            "c.run({'x': np.ones((1, 3, 16, 16), np.float32)})\nprint('numba' in sys.modules)")
+            "c.run({'x': np.ones((1, 3, 64, 64), np.float32)})\nprint('numba' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "False"

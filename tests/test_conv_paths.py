@@ -4,7 +4,9 @@ FusedConv contract (fused == unfused, bit for bit):
 - stride-1 convs as one GEMM per kernel offset over shifted views of the padded input (conv_shifted.py);
   the size thresholds that pick it are lowered in most tests (so small shapes take it), and one test checks
   which real shapes take it at the shipped thresholds;
-- depthwise convs by a numba kernel over stride phases (conv_depthwise.py, conv_kernels.depthwise_planes).
+- depthwise convs, and dense convs with few weights, by a numba kernel over stride phases (conv_taps.py,
+  conv_kernels.tap_planes);
+- pointwise convs straight to the GEMM (nn._conv_nobias_cpu).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from threadpoolctl import threadpool_limits
 
 import rlx_runtime.passes.pipeline as pipeline
 from rlx_format import GraphBuilder
-from rlx_runtime import Session, conv_depthwise, conv_shifted
+from rlx_runtime import Session, conv_shifted, conv_taps
 from rlx_runtime.kernels import nn
 
 RNG = np.random.default_rng(5)
@@ -43,6 +45,7 @@ def split_small(monkeypatch):
 
 @pytest.fixture
 def always_shifted(monkeypatch):
+    monkeypatch.setattr(conv_taps, "MAX_DENSE_WEIGHTS", 0)  # these small convs would take the tap path first
     monkeypatch.setattr(conv_shifted, "MIN_COLUMN_BYTES", 0)
     monkeypatch.setattr(conv_shifted, "MIN_OUT_WIDTH", 1)
     calls = []
@@ -201,8 +204,8 @@ def _depthwise(xs, k, attrs):
 @pytest.fixture
 def depthwise_calls(monkeypatch):
     calls = []
-    real = conv_depthwise.depthwise2d
-    monkeypatch.setattr(conv_depthwise, "depthwise2d", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = conv_taps.taps2d
+    monkeypatch.setattr(conv_taps, "taps2d", lambda *a, **k: calls.append(1) or real(*a, **k))
     return calls
 
 
@@ -272,4 +275,120 @@ def test_depthwise_two_threads_give_the_same_bits(depthwise_calls, split_small):
 ])
 def test_which_convs_are_depthwise(ws, group, dtype, taken):
     x = np.zeros((1, 8, 5, 5), dtype)
-    assert conv_depthwise.use_depthwise(x, np.zeros(ws, dtype), group) is taken
+    assert conv_taps.use_depthwise(x, np.zeros(ws, dtype), group) is taken
+
+
+@pytest.fixture
+def dense_calls(monkeypatch):
+    """Every dense conv (whatever its weight count) takes the tap path; the calls are recorded."""
+    monkeypatch.setattr(conv_taps, "MAX_DENSE_WEIGHTS", 1 << 30)
+    monkeypatch.setattr(conv_taps, "MIN_DENSE_PIXELS", 1)
+    calls = []
+    real = conv_taps.taps2d
+    monkeypatch.setattr(conv_taps, "taps2d", lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
+DENSE = CASES + [((2, 3, 33, 30), (16, 3, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),  # an RGB stem
+                 ((1, 3, 23, 20), (8, 3, 3, 3), {"pads": [0, 1, 2, 1], "strides": [2, 3]})]
+
+
+@pytest.mark.parametrize("xs,ws,attrs", DENSE, ids=str)
+def test_dense_taps_match_onnxruntime(xs, ws, attrs, dense_calls):
+    w = RNG.standard_normal(ws).astype(np.float32)
+    _check_against_onnxruntime(xs, w, RNG.standard_normal(ws[0]).astype(np.float32), attrs, dense_calls)
+
+
+@pytest.mark.parametrize("xs,ws,attrs", DENSE, ids=str)
+def test_dense_taps_sum_channels_then_taps_in_order(xs, ws, attrs, dense_calls):
+    """Every output is its products added in (channel, ky, kx) order from 0.0, in float32: the same bits as
+    that sum written out in numpy over the zero-padded input."""
+    w = RNG.standard_normal(ws).astype(np.float32)
+    x = RNG.standard_normal(xs).astype(np.float32)
+    a = {"strides": [1, 1], "dilations": [1, 1], "pads": [0, 0, 0, 0], "group": 1, **attrs}
+    got = nn._conv_nobias_cpu(a, x, w)
+    (sh, sw), (dh, dw), p = a["strides"], a["dilations"], a["pads"]
+    xp = np.pad(x, ((0, 0), (0, 0), (p[0], p[2]), (p[1], p[3])))
+    oh, ow = got.shape[2:]
+    want = np.zeros_like(got)
+    for c in range(xs[1]):
+        for ky in range(ws[2]):
+            for kx in range(ws[3]):
+                win = xp[:, c:c + 1, ky * dh:ky * dh + sh * (oh - 1) + 1:sh, kx * dw:kx * dw + sw * (ow - 1) + 1:sw]
+                want += w[:, c, ky, kx][None, :, None, None] * win
+    np.testing.assert_array_equal(got, want)
+    assert dense_calls
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("act", ["HardSwish", "Relu", "Silu"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_dense_taps_fused_equals_unfused(act, threads, dense_calls, split_small, monkeypatch):
+    xs, ws = (2, 3, 40, 37), (16, 3, 3, 3)
+    w, b = RNG.standard_normal(ws).astype(np.float32), RNG.standard_normal(16).astype(np.float32)
+    g = GraphBuilder("c")
+    xin = g.input("x", "f32", list(xs))
+    y = g.op("Conv", xin, g.constant(w, name="w"), g.constant(b, name="b"), name="conv", pads=[1, 1, 1, 1],
+             strides=[2, 2])
+    if act == "HardSwish":  # as the ONNX import lowers it
+        t = g.op("Clip", g.op("Add", g.op("Mul", y, g.constant(np.float32(1 / 6))), g.constant(np.float32(0.5))),
+                 min=0.0, max=1.0)
+        g.output(g.op("Mul", y, t, name="act"))
+    else:
+        g.output(g.op(act, y, name="act"))
+    graph = g.build()
+    fused, ref = Session().compile(graph), _unfused(graph, monkeypatch)
+    assert [n.op for n in fused.graph.nodes] == ["FusedConv"]
+    x = RNG.standard_normal(xs).astype(np.float32)
+    x.reshape(-1)[::29] = np.nan
+    x.reshape(-1)[3::31] = -np.inf
+    with threadpool_limits(threads, "blas"):
+        np.testing.assert_array_equal(fused.run({"x": x})["act"], ref.run({"x": x})["act"])
+    assert dense_calls
+
+
+def test_dense_taps_two_threads_give_the_same_bits(dense_calls, split_small):
+    xs, ws = (2, 3, 64, 60), (24, 3, 3, 3)
+    c = Session().compile(_rlx_conv(xs, RNG.standard_normal(ws).astype(np.float32),
+                                    RNG.standard_normal(24).astype(np.float32), {"pads": [1, 1, 1, 1]}))
+    x = RNG.standard_normal(xs).astype(np.float32)
+    with threadpool_limits(1, "blas"):
+        one = c.run({"x": x})["conv"]
+    with threadpool_limits(2, "blas"):
+        two = c.run({"x": x})["conv"]
+    np.testing.assert_array_equal(two, one)
+    assert dense_calls
+
+
+@pytest.mark.parametrize("ws,group,dtype,out,taken", [
+    ((16, 3, 3, 3), 1, np.float32, 112, True),  # MobileNetV3's stem: 432 weights
+    ((32, 3, 3, 3), 1, np.float32, 112, False),  # EfficientNet's: 864, measured faster as im2col + GEMM
+    ((16, 3, 3, 3), 1, np.float32, 16, False),  # a small output: im2col + GEMM, without loading numba
+    ((16, 3, 1, 1), 1, np.float32, 112, False),  # 1x1: no im2col copy to save
+    ((8, 2, 3, 3), 2, np.float32, 112, False),  # grouped
+    ((16, 3, 3, 3), 1, np.float64, 112, False),
+])
+def test_which_dense_convs_take_the_tap_path(ws, group, dtype, out, taken):
+    x = np.zeros((1, 4 if group == 2 else 3, 9, 9), dtype)
+    assert conv_taps.use_dense_taps(x, np.zeros(ws, dtype), group, (out, out)) is taken
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("xs", [(1, 144, 1, 1), (3, 24, 7, 5)], ids=str)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_pointwise_convs_match_onnxruntime_and_fused_equals_unfused(xs, threads, split_small, monkeypatch):
+    """1x1 stride-1 unpadded convs go straight to one GEMM (a squeeze-excite block's 1x1-pixel convs, a batch of
+    images): onnxruntime's values, and the fused epilogue gives the unfused bits."""
+    o = 40
+    w, b = RNG.standard_normal((o, xs[1], 1, 1)).astype(np.float32), RNG.standard_normal(o).astype(np.float32)
+    x = RNG.standard_normal(xs).astype(np.float32)
+    ref = ort.InferenceSession(_onnx_conv(xs, w, b, {}), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    g = _rlx_conv(xs, w, b, {}, "Sigmoid")
+    fused, unfused = Session().compile(g), _unfused(g, monkeypatch)
+    plain = Session().compile(_rlx_conv(xs, w, b, {}))
+    monkeypatch.setattr(nn, "conv_nobias", lambda *a, **k: pytest.fail("the generic conv ran"))
+    with threadpool_limits(threads, "blas"):
+        np.testing.assert_allclose(plain.run({"x": x})["conv"], ref, rtol=1e-5, atol=1e-5)
+        x.reshape(-1)[::13] = np.nan
+        x.reshape(-1)[5::17] = np.inf
+        np.testing.assert_array_equal(fused.run({"x": x})["act"], unfused.run({"x": x})["act"])

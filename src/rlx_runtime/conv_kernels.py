@@ -8,8 +8,6 @@ Silu call the very loop of ufuncs.py on the row), so the results are bitwise the
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
 from rlx_format.numba_setup import numba
@@ -23,7 +21,7 @@ ACTIVATION_CODES = {"Relu": 0, "Sigmoid": 1, "Silu": 2, "LeakyRelu": 3, "Clip": 
 # error_model="numpy" as in ufuncs.py: no exception branch, so the row loops vectorize. nogil: blocks of one
 # conv run on several threads at once (threads.matmul)
 @numba.njit(cache=True, error_model="numpy", nogil=True)
-def _bias_act_block(y, b0, b1, r0, r1, c0, c1, groups, bias, has_bias, act, alpha, beta, has_lo, lo, has_hi, hi,
+def bias_act_block(y, b0, b1, r0, r1, c0, c1, groups, bias, has_bias, act, alpha, beta, has_lo, lo, has_hi, hi,
                     terms):  # pragma: no cover - compiled
     """y: the whole (B, M, N) float32 GEMM output (C-contiguous), changed in place in [b0, b1) x [r0, r1) x
     [c0, c1); row r of matrix b is channel (b % groups) * M + r; bias: (channels,)."""
@@ -71,37 +69,61 @@ def _bias_act_block(y, b0, b1, r0, r1, c0, c1, groups, bias, has_bias, act, alph
                     row[i] = v
 
 
-def bias_activation(bias: np.ndarray | None, activation: str, alpha: float, lo: float | None,
-                    hi: float | None, groups: int = 1, beta: float = 0.5) -> Callable[..., None]:
-    """The epilogue threads.matmul runs on each finished block of a conv's float32 GEMM output (B, M, N):
-    Conv's bias, then `activation`, in place. Matrix b holds group b % groups of one image."""
-    b = np.zeros(1, np.float32) if bias is None else np.ascontiguousarray(bias, dtype=np.float32).reshape(-1)
-    args = (groups, b, bias is not None, ACTIVATION_CODES[activation], np.float32(alpha), np.float32(beta),
-            lo is not None,
-            np.float32(0 if lo is None else lo), hi is not None, np.float32(0 if hi is None else hi), EXP_TERMS)
+class BiasActivation:
+    """The epilogue threads.matmul runs on each finished block of a conv's float32 GEMM output (B, M, N): Conv's
+    bias, then the activation, in place (matrix b holds group b % groups of one image). Called in Python, or
+    described as a table row (`row`) for the worker pool's compiled loop (pool_kernels.py)."""
 
-    def epilogue(y3: np.ndarray, b0: int, b1: int, r0: int, r1: int, c0: int, c1: int) -> None:
+    def __init__(self, bias: np.ndarray | None, activation: str, alpha: float, lo: float | None, hi: float | None,
+                 groups: int = 1, beta: float = 0.5):
+        self.bias = np.zeros(1, np.float32) if bias is None else np.ascontiguousarray(bias, np.float32).reshape(-1)
+        self.flags = (groups, bias is not None, ACTIVATION_CODES[activation], lo is not None, hi is not None)
+        self.floats = (float(np.float32(alpha)), float(np.float32(beta)), float(np.float32(0 if lo is None else lo)),
+                       float(np.float32(0 if hi is None else hi)))
+        f = [np.float32(v) for v in self.floats]
+        groups_, has_bias, act, has_lo, has_hi = self.flags
+        self.args = (groups_, self.bias, has_bias, act, f[0], f[1], has_lo, f[2], has_hi, f[3], EXP_TERMS)
+
+    def __call__(self, y3: np.ndarray, b0: int, b1: int, r0: int, r1: int, c0: int, c1: int) -> None:
         if b1 > b0 and r1 > r0 and c1 > c0:
-            _bias_act_block(y3, b0, b1, r0, r1, c0, c1, *args)
+            bias_act_block(y3, b0, b1, r0, r1, c0, c1, *self.args)
 
-    return epilogue
+    def put(self, k, ints: np.ndarray, floats: np.ndarray, r: int, y3: np.ndarray, b0: int, b1: int, r0: int,
+            r1: int, c0: int, c1: int) -> None:
+        """Write this block as row r of the worker pool's tables (k: pool_kernels; threads.Steps.epilogue)."""
+        groups, has_bias, act, has_lo, has_hi = self.flags
+        if not (b1 > b0 and r1 > r0 and c1 > c0):
+            b1 = b0  # an empty block: the loop runs no row
+        k.put_bias_act(ints, floats, r, y3, b0, b1, r0, r1, c0, c1, groups, self.bias, has_bias, act, has_lo,
+                       has_hi, EXP_TERMS, *self.floats)
 
 
-# Depthwise 2-D conv (group == channels == outputs): im2col made one 1-row GEMM per channel of it (8x slower
-# than onnxruntime). Each channel's input is split into stride phases (phase (p, q) holds rows p::sh, columns
-# q::sw, all phases of a channel in one flat buffer), so every tap reads contiguously: output pixel (oy, ox) of
-# tap (ky, kx) is element (oy + ky*dh // sh) * Wq + ox + kx*dw // sw of phase (ky*dh % sh, kx*dw % sw). The
-# output is computed on a grid Wq wide, 32 pixels at a time with all taps summed in registers (simd.taps_f32:
-# in order (ky, kx), plain multiplies and adds, the same bits on every CPU); the first OW columns of each grid
-# row are kept.
+def bias_activation(bias: np.ndarray | None, activation: str, alpha: float, lo: float | None,
+                    hi: float | None, groups: int = 1, beta: float = 0.5) -> BiasActivation:
+    """The conv epilogue for `bias` and `activation` (see BiasActivation)."""
+    return BiasActivation(bias, activation, alpha, lo, hi, groups, beta)
+
+
+# Tap convs (conv_depthwise.py): depthwise 2-D convs (group == channels == outputs), and dense convs with few
+# taps in all (input channels x kernel, as an RGB stem's 27). im2col made a depthwise conv one 1-row GEMM per
+# channel (8x slower than onnxruntime) and a stem a GEMM with a 27-long inner dimension (OpenBLAS's weakest
+# shape) after a strided copy. Each input channel is split into stride phases (phase (p, q) holds rows p::sh,
+# columns q::sw, all phases of a channel in one flat buffer), so every tap reads contiguously: output pixel (oy,
+# ox) of tap (ky, kx) is element (oy + ky*dh // sh) * Wq + ox + kx*dw // sw of phase (ky*dh % sh, kx*dw % sw).
+# The output is computed on a grid Wq wide, 32 pixels at a time with all taps summed in registers
+# (simd.taps_f32: in tap order, plain multiplies and adds, the same bits on every CPU); the first OW columns
+# of each grid row are kept.
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def depthwise_planes(phases, taps, offsets, y, n, c0, c1, grid, wq):  # pragma: no cover - compiled
-    """phases (N, C, P * plane + slack) f32; taps (C, T) f32; offsets (T,) int64 into a channel's phases; y (N,
-    C, OH, OW) written for image n, channels c0..c1; grid: scratch of at least OH * wq floats, a whole number of
-    32-lane vectors (the extra outputs are dropped)."""
+def tap_planes(phases, taps, offsets, y, n, c0, c1, grid, wq, shared):  # pragma: no cover - compiled
+    """phases (N, C, P * plane + slack) f32; taps (O, T) f32; offsets (T,) int64 into a channel's phases (shared:
+    into image n's phases of every channel, as one flat buffer); y (N, O, OH, OW) written for image n, outputs
+    c0..c1 (output c reads channel c's phases, or with `shared` all of them); grid: scratch of at least OH * wq
+    floats, a whole number of 32-lane vectors (the extra outputs are dropped)."""
     oh, ow = y.shape[2], y.shape[3]
     size = grid.shape[0]
+    flat = phases[n].reshape(-1)
+    stride = phases.shape[2]
     for c in range(c0, c1):
-        taps_f32(grid, 0, phases[n, c], 0, size, taps[c], offsets)
+        taps_f32(grid, 0, flat, 0 if shared else c * stride, size, taps[c], offsets)
         for r in range(oh):
             y[n, c, r, :] = grid[r * wq:r * wq + ow]

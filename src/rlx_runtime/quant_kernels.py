@@ -9,7 +9,6 @@ tile (TILE_ROWS x K floats), not the N x K weight.
 from __future__ import annotations
 
 import math
-import threading
 
 import numpy as np
 
@@ -17,27 +16,13 @@ from rlx_format.numba_setup import numba
 from rlx_format.codecs import CODECS, get_codec
 from rlx_format.quants import block_fields, dequantize, dequantize_fields
 
+from .numba_parallel import parallel_call
 from .packed import tiled_matmul
 from .simd import (q4_0_row_decode, q4_0_row_dot, q4_1_row_decode, q4_1_row_dot, q5_0_row_decode, q5_0_row_dot,
                    q5_1_row_decode, q5_1_row_dot, q8_0_row_decode, q8_0_row_dot, tq2_0_row_decode, tq2_0_row_dot)
 from .threads import matmul
 
 prange = numba.prange
-
-# OpenMP worker threads spin after a parallel region and then fight OpenBLAS's threads for the
-# same cores (measured: a 4096x4096 tiled matmul went from 20 ms to 130-560 ms). The workqueue
-# layer does not spin. Must be chosen before the first parallel kernel runs.
-if numba.config.THREADING_LAYER == "default":
-    numba.config.THREADING_LAYER = "workqueue"
-
-# The workqueue layer aborts the process if two Python threads enter parallel kernels at once, so
-# every parallel numba call in rlx goes through this lock (uncontended it costs ~0.1 us).
-PARALLEL_LOCK = threading.Lock()
-
-
-def parallel_call(fn, *args):
-    with PARALLEL_LOCK:
-        return fn(*args)
 
 FUSED_MAX_ROWS = 12  # measured crossover with the tiled path (4096x4096, 2 cores)
 TILE_ROWS = 256

@@ -26,6 +26,7 @@ from numba.extending import intrinsic
 _I8, _I32, _I64, _F32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
 GROUP = 8  # blocks whose fp16 scales are converted together (one vector)
 CHAINS = 4  # independent accumulators in the dot loops (a power of two)
+TAP_CHAINS = 4  # vectors whose tap sums taps_f32 runs side by side (each its own add chain)
 LANES = 32  # one Q8_0 block; also a TQ2_0 block's 32-byte code group
 _VF = ir.VectorType(_F32, LANES)
 _VI8 = ir.VectorType(_I8, LANES)
@@ -327,8 +328,9 @@ def _is_i64(t) -> bool:
 @intrinsic
 def taps_f32(typingctx, dst, at, src, start, count, weights, offsets):
     """dst[at + i] = sum over t of weights[t] * src[start + offsets[t] + i], for i < count: the taps summed in
-    order from 0.0, each as a separate multiply and add (no fma), in registers, 32 lanes at a time (then one at
-    a time). The depthwise conv's inner loop: a pass per tap over a buffer was bound by its stores."""
+    order from 0.0, each as a separate multiply and add (no fma), in registers, TAP_CHAINS vectors of 32 lanes at
+    a time (then one vector, then one element at a time). The depthwise conv's inner loop: a pass per tap over a
+    buffer was bound by its stores, one vector at a time by the add latency (2x slower)."""
     ints = all(isinstance(v, types.Integer) for v in (at, start, count))
     if not (_is_f32(dst) and _is_f32(src) and ints and _is_f32(weights) and _is_i64(offsets)):
         return None
@@ -341,31 +343,40 @@ def taps_f32(typingctx, dst, at, src, start, count, weights, offsets):
         wp, ntaps = wts.data, cgutils.unpack_tuple(builder, wts.shape)[0]
         op = _data(context, builder, sig.args[6], args[6]).data
 
-        def summed(pos, width):
-            """the tap sum at element pos: width lanes (a vector) or one (width None)."""
+        def summed(positions, width):
+            """the tap sums at each element of `positions`: width lanes each (vectors) or one (width None). The
+            positions' sums are independent chains: one chain alone waits on each add's latency."""
             zero = ir.Constant(_VF, None) if width else ir.Constant(_F32, 0.0)
 
             def tap(t, state):
                 w = builder.load(builder.gep(wp, [t]))
-                at_t = builder.add(pos, builder.load(builder.gep(op, [t])))
-                if width:
-                    v = builder.fmul(_splat(builder, w, _VF), _load_vec(builder, sp, at_t, _VF))
-                else:
-                    v = builder.fmul(w, builder.load(builder.gep(sp, [at_t])))
-                return [builder.fadd(state[0], v)]
+                off = builder.load(builder.gep(op, [t]))
+                ws = _splat(builder, w, _VF) if width else w
+                out = []
+                for pos, acc in zip(positions, state):
+                    at_t = builder.add(pos, off)
+                    x = _load_vec(builder, sp, at_t, _VF) if width else builder.load(builder.gep(sp, [at_t]))
+                    out.append(builder.fadd(acc, builder.fmul(ws, x)))
+                return out
 
-            return _block_loop(builder, ir.Constant(_I64, 0), ntaps, [zero], tap)[0]
+            return _block_loop(builder, ir.Constant(_I64, 0), ntaps, [zero] * len(positions), tap)
 
-        def vector(b, state):
-            pos = _offset(builder, b, LANES)
-            _store_vec(builder, summed(pos, LANES), dp, pos)
-            return []
+        def vectors(count):
+            def body(b, state):
+                pos = [_offset(builder, b, count * LANES, k * LANES) for k in range(count)]
+                for p, v in zip(pos, summed(pos, LANES)):
+                    _store_vec(builder, v, dp, p)
+                return []
+            return body
 
+        # TAP_CHAINS vectors at a time, then the remaining whole vectors one at a time, then single elements
+        wide = builder.sdiv(n, ir.Constant(_I64, TAP_CHAINS * LANES))
+        _block_loop(builder, ir.Constant(_I64, 0), wide, [], vectors(TAP_CHAINS))
         whole = builder.sdiv(n, ir.Constant(_I64, LANES))
-        _block_loop(builder, ir.Constant(_I64, 0), whole, [], vector)
+        _block_loop(builder, builder.mul(wide, ir.Constant(_I64, TAP_CHAINS)), whole, [], vectors(1))
 
         def scalar(i, state):
-            builder.store(summed(i, None), builder.gep(dp, [i]))
+            builder.store(summed([i], None)[0], builder.gep(dp, [i]))
             return []
 
         _block_loop(builder, builder.mul(whole, ir.Constant(_I64, LANES)), n, [], scalar)

@@ -28,11 +28,15 @@ import contextlib
 import itertools
 import math
 import os
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import numpy as np
+
+from .pool_layout import (FINISHED, FLOAT_COLUMNS, INT_COLUMNS, KIND_CLOSED, KIND_NATIVE, KIND_PYTHON)
 
 _MIN_SPLIT_WORK = 1 << 21  # multiply-adds below which one call beats the split (a few tens of us)
 _BIG_WORK = 1 << 25        # multiply-adds from which a GEMM splits into one chunk per thread (packs less)
@@ -43,15 +47,14 @@ _lock = threading.Lock()
 _active = 0                # forwards running (any thread); the first saves the BLAS's setting, the last restores
 _saved = 1
 _blas: list | None = None  # the BLAS libraries rlx holds (_OpenBLAS), found once
-_pool: ThreadPoolExecutor | None = None
-_pool_size = 0
+_pool = None              # the worker pool (_Pool), started by the first split
 _local = threading.local()
 
 
 def _after_fork_in_child() -> None:
     """A forked child has none of the parent's worker threads (and no forward running): start afresh."""
-    global _lock, _active, _pool, _pool_size
-    _lock, _active, _pool, _pool_size = threading.Lock(), 0, None, 0
+    global _lock, _busy, _active, _pool
+    _lock, _busy, _active, _pool = threading.Lock(), threading.Lock(), 0, None
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -73,6 +76,7 @@ class _OpenBLAS:
                 index = ctypes.c_int64 if suffix else ctypes.c_int
                 self.gemm = self._cblas(lib, prefix, suffix, "gemm", 3, index)
                 self.gemv = self._cblas(lib, prefix, suffix, "gemv", 2, index)
+                self.wide = bool(suffix)  # int64 sizes (an ILP64 build)
                 return
         raise LookupError(path)
 
@@ -145,62 +149,283 @@ def threads_for(work: int) -> int:
     return threads_in_use() if work >= _MIN_SPLIT_WORK else 1
 
 
-def _executor(workers: int) -> ThreadPoolExecutor:
-    global _pool, _pool_size
+class _Job:
+    """A Python job: fn(0) .. fn(count - 1), taken in order by whoever pulls (each needs the GIL)."""
+
+    def __init__(self, fn: Callable[[int], None], count: int):
+        self.fn, self.count = fn, count
+        self.taken = itertools.count()       # next() is atomic under the GIL: each chunk goes to one thread
+        self.finished = itertools.count(1)
+        self.done = np.zeros(1, np.int64)    # polled without the GIL (pool_kernels.spin_while_equal)
+        self.cond = threading.Condition(threading.Lock())
+        self.errors: list[BaseException] = []
+
+    def pull(self) -> None:
+        for i in self.taken:
+            if i >= self.count:
+                return
+            if not self.errors:  # after a failure the rest are only counted off
+                try:
+                    self.fn(i)
+                except BaseException as e:  # noqa: BLE001 - re-raised by the caller of run_chunks
+                    self.errors.append(e)
+            if next(self.finished) == self.count:
+                with self.cond:
+                    self.done[0] = 1
+                    self.cond.notify_all()
+
+    def wait(self) -> None:
+        """Until every chunk has finished: polling a while, then asleep."""
+        k = _kernels()
+        if self.done[0] or (k is not None and k.spin_while_equal(self.done, 0, _polls)):
+            return
+        with self.cond:
+            while not self.done[0]:
+                self.cond.wait()
+
+
+_ROW_CAPACITY, _CHUNK_CAPACITY = 1024, 256  # a native job's table sizes (a larger one runs as a Python job)
+
+
+class _Pool:
+    """`size` worker threads that take part in each posted job. Once numba is loaded, an idle worker polls for
+    the next job for about _SPIN_SECONDS without the GIL and runs native jobs (Steps) there too
+    (pool_kernels.serve); then, or without numba at all, it sleeps until a job is posted."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.ctrl = np.zeros(32, np.int64)  # pool_kernels' control words
+        self.ints = np.zeros((_ROW_CAPACITY, INT_COLUMNS), np.int64)
+        self.floats = np.zeros((_ROW_CAPACITY, FLOAT_COLUMNS), np.float64)
+        self.starts = np.zeros(_CHUNK_CAPACITY + 1, np.int64)
+        self.gen, self.kind, self.job = 0, 0, None  # the newest job (generation, kind, Python job)
+        self.cond = threading.Condition(threading.Lock())
+        self.sleeping = 0
+        for _ in range(size):
+            threading.Thread(target=self._work, name="rlx", daemon=True).start()
+
+    def post(self, kind: int, count: int = 0, job: _Job | None = None) -> int:
+        """Publish a job (a native one's table rows already written); wake sleeping workers."""
+        self.gen = (self.gen + 1) % (1 << 19)
+        self.kind, self.job = kind, job
+        k = _kernels()
+        if k is not None:
+            k.post(self.ctrl, self.gen, count, kind)
+        if self.sleeping:
+            with self.cond:
+                self.cond.notify_all()
+        return self.gen
+
+    def close(self) -> None:
+        self.post(KIND_CLOSED)
+
+    def _work(self) -> None:
+        seen = 0
+        while True:
+            k = _kernels()
+            if k is not None:
+                kind, seen = k.serve(self.ctrl, self.ints, self.floats, self.starts, seen, _polls)
+                if kind == KIND_CLOSED:
+                    return
+                if kind == KIND_PYTHON:
+                    job = self.job  # a finished job is only counted off: its chunks are all taken
+                    if job is not None:
+                        job.pull()
+                    continue
+            with self.cond:  # nothing for a while (or no numba): sleep until the next post
+                self.sleeping += 1
+                while self.gen == seen:
+                    self.cond.wait()
+                self.sleeping -= 1
+            if k is None or self.kind != KIND_NATIVE:
+                seen = self.gen
+                if self.kind == KIND_CLOSED:
+                    return
+                if self.job is not None:
+                    self.job.pull()
+            # a native job: serve() above sees its generation and runs it
+
+    def run_native(self, k, count: int, starts: np.ndarray) -> None:
+        """Run a native job of `count` chunks (its rows already in the tables; chunk i is rows starts[i] ..
+        starts[i + 1]) here and on the workers; return when all have finished."""
+        self.starts[:count + 1] = starts
+        gen = self.post(KIND_NATIVE, count)
+        if not k.run_and_wait(self.ctrl, self.ints, self.floats, self.starts, gen, count, _polls):
+            while self.ctrl[FINISHED] != count:  # a worker's chunk is still running: poll asleep
+                time.sleep(20e-6)
+
+
+_SPIN_SECONDS = 2e-3  # how long an idle worker (or a caller waiting for the last chunk) polls before sleeping
+_polls = 0            # polls in _SPIN_SECONDS
+_pool_kernels = None  # the pool_kernels module once numba is loaded
+_busy = threading.Lock()  # one job in the pool at a time; a second caller meanwhile runs its chunks itself
+
+
+def _kernels():
+    """pool_kernels, or None while numba is not loaded: a forward that uses no numba kernel does not pay numba's
+    start-up (~0.5 s) for the faster hand-offs; its jobs then run as Python jobs with sleeping workers."""
+    global _pool_kernels, _polls
+    if _pool_kernels is None and sys.modules.get("numba") is not None:
+        from . import pool_kernels
+        _polls = max(1, int(pool_kernels.polls_per_second() * _SPIN_SECONDS))
+        _pool_kernels = pool_kernels
+    return _pool_kernels
+
+
+def _pool_of(workers: int) -> _Pool:
+    global _pool
     with _lock:
-        if _pool is None or _pool_size < workers:
-            old, _pool, _pool_size = _pool, ThreadPoolExecutor(workers, thread_name_prefix="rlx"), workers
+        if _pool is None or _pool.size < workers:
+            old, _pool = _pool, _Pool(workers)
             if old is not None:
-                old.shutdown(wait=False)
+                old.close()
         return _pool
+
+
+class Steps:
+    """A job of chunks, each a list of steps one thread runs in order: single-threaded cblas GEMMs and GEMVs,
+    the conv epilogue, the depthwise kernel. Use as `with Steps(rows) as steps: ...add steps...; steps.run()`.
+
+    Native (numba loaded, more than one thread, the pool free, every step float32 and of a kind pool_kernels
+    runs): each step is written as a row of the pool's tables by a compiled helper (no Python object per step;
+    numpy's .ctypes.data alone took 1.9 us per array) and the workers run the job without the GIL. Otherwise
+    each step is kept as a Python call and the job runs through run_chunks."""
+
+    def __init__(self, rows: int, native: bool = True):
+        self._k = _kernels() if native and rows <= _ROW_CAPACITY and threads_in_use() > 1 else None
+        self._pool = None
+        if self._k is not None and _busy.acquire(blocking=False):
+            self._pool = _pool_of(threads_in_use() - 1)
+        self.rows = 0
+        self.starts = [0]
+        self.runs: list[Callable[[], None]] = []
+        self.keep: list = []  # arrays the steps point into, alive until the job has run
+
+    def __enter__(self) -> Steps:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._pool is not None:
+            self._pool = None
+            _busy.release()
+
+    @property
+    def native(self) -> bool:
+        return self._pool is not None
+
+    def tables(self) -> tuple:
+        """(pool_kernels, ints, floats, row) to write the next native step with; then call added()."""
+        return self._k, self._pool.ints, self._pool.floats, self.rows
+
+    def added(self, run: Callable[[], None] | None = None) -> None:
+        """A step was written (native) or is `run` (Python)."""
+        if run is not None:
+            self.runs.append(run)
+        self.rows += 1
+
+    def end_chunk(self) -> None:
+        self.starts.append(self.rows)
+
+    def gemm(self, a: np.ndarray, b: np.ndarray, out: np.ndarray, beta: float = 0.0) -> None:
+        """out[:] = a @ b + beta * out (2-D views, out's rows contiguous), one single-threaded BLAS call."""
+        gemm = float_gemm(a.dtype)
+        if self.native:
+            k, ints, floats, r = self.tables()
+            if not k.put_gemm(ints, floats, r, _address(gemm), _wide(), a, b, out, beta):
+                a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)  # not a strided BLAS operand
+                k.put_gemm(ints, floats, r, _address(gemm), _wide(), a, b, out, beta)
+            self.keep += (a, b, out)  # the row holds only their addresses
+            return self.added()
+        args, keep = _gemm_args(a, b, out, beta)
+        self.keep += keep
+        self.added(partial(gemm, *args))
+
+    def gemv(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+        """out[:] = a[0] @ b for a one-row a and a 1-D out (see _gemv_args)."""
+        gemv = _blas_controllers()[0].gemv[a.dtype]
+        if self.native:
+            k, ints, floats, r = self.tables()
+            if not k.put_gemv(ints, floats, r, _address(gemv), _wide(), a, b, out):
+                b = np.ascontiguousarray(b)
+                k.put_gemv(ints, floats, r, _address(gemv), _wide(), a, b, out)
+            self.keep += (a, b, out)
+            return self.added()
+        args, keep = _gemv_args(a, b, out)
+        self.keep += keep
+        self.added(partial(gemv, *args))
+
+    def epilogue(self, epilogue: Epilogue, out3: np.ndarray, *block: int) -> None:
+        """epilogue(out3, *block) as a step (native for conv_kernels.BiasActivation, which has `put`)."""
+        if self.native:
+            epilogue.put(*self.tables(), out3, *block)
+            self.keep += (epilogue, out3)
+            return self.added()
+        self.added(partial(epilogue, out3, *block))
+
+    def run(self) -> None:
+        """Run the chunks over the forward's threads; return when all have finished."""
+        count = len(self.starts) - 1
+        if self.native and count == 1:  # on this thread alone: its data stays in this core's caches
+            return self._k.run_rows(self._pool.ints, self._pool.floats, 0, self.rows)
+        if self.native:
+            return self._pool.run_native(self._k, count, np.asarray(self.starts, np.int64))
+        starts, runs = self.starts, self.runs
+
+        def chunk(i: int) -> None:
+            for r in range(starts[i], starts[i + 1]):
+                runs[r]()
+
+        run_chunks(count, chunk)
+
+
+_addresses: dict[int, int] = {}
+
+
+def _address(fn) -> int:
+    """A ctypes function's address (for pool_kernels' calls through it)."""
+    found = _addresses.get(id(fn))
+    if found is None:
+        import ctypes
+        found = _addresses[id(fn)] = ctypes.cast(fn, ctypes.c_void_p).value
+    return found
+
+
+def _wide() -> int:
+    """1 if the BLAS takes int64 sizes (an ILP64 build, as numpy's own OpenBLAS), else 0."""
+    return int(_blas_controllers()[0].wide)
 
 
 def run_chunks(count: int, fn: Callable[[int], None]) -> None:
     """fn(0) .. fn(count - 1), pulled by the caller and up to threads_in_use() - 1 workers; the first
     exception is raised here after every taken chunk has finished. Inside a chunk nothing splits again, on
     the caller as on the workers (so a chunk's result does not depend on which thread ran it)."""
-    workers = min(threads_in_use(), count) - 1
-    if workers <= 0:
-        for i in range(count):
-            fn(i)
-        return
-    counter = itertools.count()
+    threads = threads_in_use()
     outer = getattr(_local, "threads", None)
+    if min(threads, count) <= 1 or not _busy.acquire(blocking=False):
+        _local.threads = 1
+        try:
+            for i in range(count):
+                fn(i)
+        finally:
+            _local.threads = outer
+        return
+    job = _Job(fn, count)
     _local.threads = 1
     try:
-        _pull_with(counter, count, fn, workers)
+        _pool_of(threads - 1).post(KIND_PYTHON, job=job)
+        job.pull()
+        job.wait()
     finally:
         _local.threads = outer
-
-
-def _pull_with(counter, count: int, fn: Callable[[int], None], workers: int) -> None:
-    """The caller and `workers` pool threads take chunk numbers from `counter` until `count`."""
-
-    def pull() -> None:
-        for i in counter:
-            if i >= count:
-                return
-            fn(i)
-
-    pool = _executor(workers)
-    futures = [pool.submit(pull) for _ in range(workers)]
-    error = None
-    try:
-        pull()
-    except BaseException as e:  # noqa: BLE001 - re-raised once the workers are done
-        error = e
-    for f in futures:
-        try:
-            f.result()
-        except BaseException as e:  # noqa: BLE001
-            error = error or e
-    if error is not None:
-        raise error
+        _busy.release()
+    if job.errors:
+        raise job.errors[0]
 
 
 def chunk_edges(length: int, threads: int, work: int = 0, min_chunk: int = _MIN_CHUNK) -> list[int]:
-    """Chunk edges along `length`: a few chunks per thread (one for a long GEMM), each at least min_chunk."""
-    per = 1 if work >= _BIG_WORK else _CHUNKS_PER_THREAD
+    """Chunk edges along `length`: a few chunks per thread (one for a long GEMM, one in all for one thread), each
+    at least min_chunk."""
+    per = 1 if work >= _BIG_WORK or threads == 1 else _CHUNKS_PER_THREAD
     chunks = max(1, min(threads * per, length // min_chunk))
     return [length * i // chunks for i in range(chunks + 1)]
 
@@ -238,25 +463,31 @@ def float_gemm(dtype) -> Callable | None:
     return libs[0].gemm.get(np.dtype(dtype)) if libs else None
 
 
-def _gemm_into(gemm, a: np.ndarray, b: np.ndarray, out: np.ndarray, beta: float = 0.0) -> None:
-    """out[:] = a @ b + beta * out for 2-D views (out's rows contiguous), one single-threaded BLAS call without
-    the GIL."""
+def _gemm_args(a: np.ndarray, b: np.ndarray, out: np.ndarray, beta: float) -> tuple:
+    """cblas ?gemm's arguments for out[:] = a @ b + beta * out (2-D views, out's rows contiguous)."""
     (a, ta, lda), (b, tb, ldb) = _blas_operand(a), _blas_operand(b)
     m, k = a.shape
-    gemm(_ROW_MAJOR, ta, tb, m, b.shape[1], k, 1.0, a.ctypes.data, lda, b.ctypes.data, ldb, beta, out.ctypes.data,
-         out.strides[0] // out.itemsize)
+    return (_ROW_MAJOR, ta, tb, m, b.shape[1], k, 1.0, a.ctypes.data, lda, b.ctypes.data, ldb, beta,
+            out.ctypes.data, out.strides[0] // out.itemsize), (a, b)
 
 
-def _row_times_columns(gemv, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
-    """out[0, :] = a[0] @ b for a one-row a: a GEMV (OpenBLAS's GEMM with one row packs all of b first, which
-    made a GPT-2 decoding step's split MatMuls slower on two threads than on one)."""
+def _gemv_args(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> tuple:
+    """cblas ?gemv's arguments for out[0, :] = a[0] @ b, a one-row a. (OpenBLAS's GEMM with one row packs all of
+    b first, which made a GPT-2 decoding step's split MatMuls slower on two threads than on one.)"""
     (w, tw, ldw) = _blas_operand(b)
     k, n = b.shape
     x, incx = a.ctypes.data, a.strides[1] // a.itemsize
     if tw == _NO_TRANS:  # b row-major (k, n): out = bᵀ-gemv over its k rows
-        gemv(_ROW_MAJOR, _TRANS, k, n, 1.0, w.ctypes.data, ldw, x, incx, 0.0, out.ctypes.data, 1)
-    else:  # b = Wᵀ with W row-major (n, k)
-        gemv(_ROW_MAJOR, _NO_TRANS, n, k, 1.0, w.ctypes.data, ldw, x, incx, 0.0, out.ctypes.data, 1)
+        return (_ROW_MAJOR, _TRANS, k, n, 1.0, w.ctypes.data, ldw, x, incx, 0.0, out.ctypes.data, 1), (w,)
+    # b = Wᵀ with W row-major (n, k)
+    return (_ROW_MAJOR, _NO_TRANS, n, k, 1.0, w.ctypes.data, ldw, x, incx, 0.0, out.ctypes.data, 1), (w,)
+
+
+def _gemm_into(gemm, a: np.ndarray, b: np.ndarray, out: np.ndarray, beta: float = 0.0) -> None:
+    """out[:] = a @ b + beta * out for 2-D views (out's rows contiguous), one single-threaded BLAS call without
+    the GIL."""
+    args, _ = _gemm_args(a, b, out, beta)
+    gemm(*args)
 
 
 def gemm_into(a: np.ndarray, b: np.ndarray, out: np.ndarray, beta: float = 0.0) -> None:
@@ -272,28 +503,24 @@ def _matmul_2d(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None) -> np.nd
         return _whole(a, b, epilogue)
     out = np.empty((m, n), a.dtype)
     out3 = out[None]
+    edges = chunk_edges(max(m, n), threads, m * n * a.shape[1])
+    gemv = m == 1 and a.dtype in _blas_controllers()[0].gemv
     # each chunk packs the operand it does not split again: split the longer side, so that is the smaller one
-    if m >= n:
-        edges = chunk_edges(m, threads, m * n * a.shape[1])
-
-        def chunk(i: int) -> None:
-            r0, r1 = edges[i], edges[i + 1]
-            _gemm_into(gemm, a[r0:r1], b, out[r0:r1])
-            if epilogue is not None:
-                epilogue(out3, 0, 1, r0, r1, 0, n)
-    else:
-        edges = chunk_edges(n, threads, m * n * a.shape[1])
-        gemv = _blas_controllers()[0].gemv.get(a.dtype) if m == 1 else None
-
-        def chunk(i: int) -> None:
-            c0, c1 = edges[i], edges[i + 1]
-            if gemv is not None:
-                _row_times_columns(gemv, a, b[:, c0:c1], out[0, c0:c1])
+    with Steps(2 * len(edges), a.dtype == np.float32 and (epilogue is None or hasattr(epilogue, "put"))) as steps:
+        for e0, e1 in zip(edges, edges[1:]):
+            if m >= n:
+                steps.gemm(a[e0:e1], b, out[e0:e1])
+                block = (0, 1, e0, e1, 0, n)
             else:
-                _gemm_into(gemm, a, b[:, c0:c1], out[:, c0:c1])
+                if gemv:
+                    steps.gemv(a, b[:, e0:e1], out[0, e0:e1])
+                else:
+                    steps.gemm(a, b[:, e0:e1], out[:, e0:e1])
+                block = (0, 1, 0, m, e0, e1)
             if epilogue is not None:
-                epilogue(out3, 0, 1, 0, m, c0, c1)
-    run_chunks(len(edges) - 1, chunk)
+                steps.epilogue(epilogue, out3, *block)
+            steps.end_chunk()
+        steps.run()
     return out
 
 

@@ -28,7 +28,7 @@ from rlx_format.numba_setup import numba
 
 from .erf_tables import (DEG, FAST_BIG_HEX, FAST_ONE, FAST_SMALL_HEX, FAST_SPLIT, FAST_TOL, HI, LO, POLYS_HEX,
                          TAYLOR_HEX, TAYLOR_TERMS, WIDTH)
-from .quant_kernels import parallel_call  # also selects numba's threading layer before any parallel ufunc runs
+from .numba_parallel import parallel_call  # also selects numba's threading layer before any parallel ufunc runs
 
 PARALLEL_MIN_SIZE = 1 << 15
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from rlx_format.ops import window_count
 
+from .. import conv_shifted, conv_taps, threads
 from ..backend import backend_of
 from .registry import kernel, register
 
@@ -180,21 +181,25 @@ def _conv(xp, a, x, w, b=None):
 
 
 def _conv_nobias_cpu(a, x, w, epilogue=None):
-    """conv_nobias on the CPU, with two faster paths: depthwise convs by a numba kernel, stride-1 convs with
-    large im2col columns as shifted-view GEMMs (both Conv and FusedConv come here, so they take the same path and
-    give the same values)."""
-    from ..conv_depthwise import depthwise2d, use_depthwise
-    from ..conv_shifted import conv2d_shifted, use_shifted
-
+    """conv_nobias on the CPU, with faster paths: pointwise convs straight to the GEMM; depthwise convs and dense
+    ones with few taps by a numba kernel (conv_taps.py); stride-1 convs with large im2col columns as shifted-view
+    GEMMs. Both Conv and FusedConv come here, so they take the same path and give the same values."""
     nsp = x.ndim - 2
     strides, dil, pads = _spatial(a, nsp)
     if nsp == 2:
+        kh, kw = w.shape[2:]
+        if kh == kw == 1 and a["group"] == 1 and strides[0] == strides[1] == 1 and not any(pads):
+            # pointwise: the input is the column matrix (conv_nobias' 1x1 case, without its shape bookkeeping:
+            # a squeeze-excite block's 1x1-pixel convs are mostly overhead)
+            n, c, h, wd = x.shape
+            y = threads.matmul(w.reshape(w.shape[0], c), x.reshape(n, c, h * wd), epilogue)
+            return y.reshape(n, w.shape[0], h, wd)
         out_sp = [window_count(x.shape[2 + i], w.shape[2 + i], strides[i], dil[i], pads[i], pads[i + nsp])
                   for i in range(nsp)]
-        if use_depthwise(x, w, a["group"]):
-            return depthwise2d(x, w, strides, dil, pads, out_sp, epilogue)
-        if use_shifted(x, w, strides, a["group"], out_sp):
-            return conv2d_shifted(x, w, dil, pads, out_sp, epilogue)
+        if conv_taps.use_depthwise(x, w, a["group"]) or conv_taps.use_dense_taps(x, w, a["group"], out_sp):
+            return conv_taps.taps2d(x, w, strides, dil, pads, out_sp, epilogue)
+        if conv_shifted.use_shifted(x, w, strides, a["group"], out_sp):
+            return conv_shifted.conv2d_shifted(x, w, dil, pads, out_sp, epilogue)
     return conv_nobias(np, a, x, w, epilogue)
 
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from rlx_format.ops.infer_rnn import DEFAULT_ACTIVATIONS, GATES, STATES
 
-from ..backend import host_ints, special
+from ..backend import backend_of, host_ints, special
 from .registry import kernel
 
 # activation -> (uses alpha, uses beta, default alpha, default beta)
@@ -96,7 +96,7 @@ def _recurrent(xp, op: str, a: dict, x, w, r, rest):
         rb = bias[d, g * h:] if bias is not None else None
         # [seq, batch, gates*hidden]: the whole sequence's input projection as one 2-D GEMM (a 3-D matmul ran
         # one small GEMM per step: 14 ms of a 64-step LSTM layer that takes 2 ms this way)
-        xw = (x.reshape(seq * batch, -1) @ w[d].T).reshape(seq, batch, -1)
+        xw = _matmul(xp, x.reshape(seq * batch, -1), w[d].T).reshape(seq, batch, -1)
         if wb is not None:
             xw = xw + (wb if op == "GRU" else wb + rb)  # GRU adds Rbh inside the reset product
         ht = opt["initial_h"][d] if "initial_h" in opt else xp.zeros((batch, h), dt)
@@ -128,11 +128,16 @@ def _recurrent(xp, op: str, a: dict, x, w, r, rest):
     return out
 
 
-def _rec(hs, r):
+def _matmul(xp, a, b):
+    """a @ b by the backend's MatMul kernel (on the CPU split over the forward's threads)."""
+    return backend_of(xp).kernel("MatMul")(xp, {}, a, b)
+
+
+def _rec(xp, hs, r):
     """hs @ r.T for a step's few rows of state, computed as (r @ hs.T).T: OpenBLAS packs the long operand of a
     GEMM with few rows, and r's rows are already the packed layout's (8x256 @ 256x1024: 87 us this way, 175 us
     the other)."""
-    return (r @ hs.T).T
+    return _matmul(xp, r, hs.T).T
 
 
 def _clip(xp, v, clip):
@@ -141,7 +146,7 @@ def _clip(xp, v, clip):
 
 def _lstm_step(xp, a, xt, h_prev, c_prev, r, rb, peep, acts, clip, h):
     f, g, hf = acts
-    z = xt + _rec(h_prev, r)
+    z = xt + _rec(xp, h_prev, r)
     zi, zo, zf, zc = (z[:, k * h:(k + 1) * h] for k in range(4))  # ONNX gate order i, o, f, c
     if peep is not None:
         zi = zi + peep[:h] * c_prev
@@ -157,7 +162,7 @@ def _lstm_step(xp, a, xt, h_prev, c_prev, r, rb, peep, acts, clip, h):
 
 def _gru_step(xp, a, xt, h_prev, _c, r, rb, _peep, acts, clip, h):
     f, g = acts
-    hr = _rec(h_prev, r[:2 * h])  # z and r gates; the candidate's recurrence depends on the reset gate
+    hr = _rec(xp, h_prev, r[:2 * h])  # z and r gates; the candidate's recurrence depends on the reset gate
     zz, zr = xt[:, :h] + hr[:, :h], xt[:, h:2 * h] + hr[:, h:]
     if rb is not None:
         zz, zr = zz + rb[:h], zr + rb[h:2 * h]
@@ -166,12 +171,12 @@ def _gru_step(xp, a, xt, h_prev, _c, r, rb, _peep, acts, clip, h):
     rh = r[2 * h:]
     rbh = rb[2 * h:] if rb is not None else None
     if a["linear_before_reset"]:
-        rec = _rec(h_prev, rh)
+        rec = _rec(xp, h_prev, rh)
         if rbh is not None:
             rec = rec + rbh
         cand = xt[:, 2 * h:] + rg * rec
     else:
-        cand = xt[:, 2 * h:] + _rec(rg * h_prev, rh)
+        cand = xt[:, 2 * h:] + _rec(xp, rg * h_prev, rh)
         if rbh is not None:
             cand = cand + rbh
     hh = g(_clip(xp, cand, clip))
@@ -179,4 +184,4 @@ def _gru_step(xp, a, xt, h_prev, _c, r, rb, _peep, acts, clip, h):
 
 
 def _rnn_step(xp, a, xt, h_prev, _c, r, _rb, _peep, acts, clip, h):
-    return acts[0](_clip(xp, xt + _rec(h_prev, r), clip)), None
+    return acts[0](_clip(xp, xt + _rec(xp, h_prev, r), clip)), None

@@ -1,0 +1,100 @@
+"""2-D convs whose taps are few, summed straight from stride phases of the padded input by a numba kernel
+(conv_kernels.tap_planes) instead of im2col + GEMM:
+
+- depthwise convs (group == input channels == outputs): im2col made them one 1-row GEMM per channel;
+- dense convs with few weights in all (MAX_DENSE_WEIGHTS: outputs x input channels x kernel; an RGB stem's
+  3->16 3x3 conv has 432), where the GEMM's inner dimension is short (27) and OpenBLAS runs at a fraction of
+  its speed after a strided im2col copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import numpy as np
+
+# measured in whole forwards (A/B in one process, 1 and 2 threads): MobileNetV3-small's 3->16 stem (432 weights)
+# 7-10% faster this way, EfficientNet-B0's 3->32 stem (864) 2-3% slower; the tap sums grow with the outputs,
+# the GEMM's cost much less
+MAX_DENSE_WEIGHTS = 512
+# and only for outputs of at least this many pixels (the stems' are 112x112 and up): a smaller conv is cheap
+# either way, and as im2col + GEMM it keeps a Relu CNN from loading numba (~0.6 s of its first forward)
+MIN_DENSE_PIXELS = 56 * 56
+
+
+def use_depthwise(x: np.ndarray, w: np.ndarray, group: int) -> bool:
+    return (x.ndim == 4 and x.dtype == np.float32 and w.dtype == np.float32 and group > 1
+            and group == x.shape[1] == w.shape[0] and w.shape[1] == 1)
+
+
+def use_dense_taps(x: np.ndarray, w: np.ndarray, group: int, out_sp) -> bool:
+    """A group-1 float32 2-D conv with few weights and a large output, and a kernel larger than 1x1 (a 1x1 conv
+    has no im2col copy to save, and its GEMM won)."""
+    return (x.ndim == 4 and x.dtype == np.float32 and w.dtype == np.float32 and group == 1
+            and w.shape[2] * w.shape[3] > 1 and w.size <= MAX_DENSE_WEIGHTS
+            and out_sp[0] * out_sp[1] >= MIN_DENSE_PIXELS)
+
+
+def taps2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp,
+           epilogue: Callable[..., None] | None = None) -> np.ndarray:
+    """Conv without bias, depthwise ((n, c, h, w) * (c, 1, kh, kw), group c) or dense with few taps ((n, c, h, w)
+    * (o, c, kh, kw), group 1) -> fresh (n, o, oh, ow) float32. `epilogue` as in threads.matmul, on each finished
+    block of output channels of the output viewed as a conv's GEMM result: (n, o, oh*ow) dense, (n*o, 1, oh*ow)
+    depthwise."""
+    from .conv_kernels import tap_planes
+    from .simd import LANES
+    from .threads import Steps, chunk_edges, threads_for
+
+    n, c, h, wd = x.shape
+    o, kh, kw = w.shape[0], w.shape[2], w.shape[3]
+    dense = w.shape[1] == c and not (c == o and w.shape[1] == 1)
+    (sh, sw), (dh, dw) = strides, dil
+    oh, ow = out_sp
+    hp, wp = h + pads[0] + pads[2], wd + pads[1] + pads[3]
+    # phase planes hold every padded row and column (so no kept output column wraps into the next row: ow - 1 +
+    # (kw-1)*dw // sw < ceil(wp / sw)), plus one spare row for the last grid row's reads past the kept columns
+    wq = -(-wp // sw)
+    hq = -(-hp // sh) + 1
+    # the grid rounded up to whole 32-lane vectors (no scalar tail: a 7x7 plane has 77 outputs), and as much
+    # slack after each channel's phases for those extra reads
+    size = -(-(oh * wq) // LANES) * LANES
+    plane = hq * wq
+    stride = sh * sw * plane + LANES
+    phases = np.zeros((n, c, stride), np.float32)
+    planes = phases[:, :, :sh * sw * plane].reshape(n, c, sh, sw, hq, wq)
+    for p in range(sh):
+        for q in range(sw):
+            # padded row i = p + sh*r is input row i - top; phase rows r where that lies in [0, h)
+            ra, ca = max(0, -(-(pads[0] - p) // sh)), max(0, -(-(pads[1] - q) // sw))
+            rb, cb = min(hq, -(-(h + pads[0] - p) // sh)), min(wq, -(-(wd + pads[1] - q) // sw))
+            if rb > ra and cb > ca:
+                planes[:, :, p, q, ra:rb, ca:cb] = x[:, :, p + sh * ra - pads[0]:p + sh * (rb - 1) - pads[0] + 1:sh,
+                                                     q + sw * ca - pads[1]:q + sw * (cb - 1) - pads[1] + 1:sw]
+    kernel = [((ky * dh % sh) * sw + kx * dw % sw) * plane + (ky * dh // sh) * wq + kx * dw // sw
+              for ky in range(kh) for kx in range(kw)]
+    # dense: output o sums over input channels, then taps ((c, ky, kx) order), reading every channel's phases
+    offsets = np.array([ci * stride + k for ci in range(c if dense else 1) for k in kernel], np.int64)
+    taps = np.ascontiguousarray(w.reshape(o, -1))
+    y = np.empty((n, o, oh, ow), np.float32)
+    # the output as the epilogue sees a conv's GEMM result, (n * group, o / group, oh * ow)
+    y3 = y.reshape(n, o, oh * ow) if dense else y.reshape(n * o, 1, oh * ow)
+    work = o * len(offsets) * oh * wq
+    edges = chunk_edges(o, threads_for(n * work), work, min_chunk=8)
+    with Steps(n * len(edges) * (1 if epilogue is None else 2), epilogue is None or hasattr(epilogue, "put")) as steps:
+        for c0, c1 in zip(edges, edges[1:]):
+            grid = np.empty(size, np.float32)  # the chunk's scratch
+            steps.keep += (grid, phases, taps, offsets, y)
+            for b in range(n):
+                if steps.native:
+                    k, ints, _, r = steps.tables()
+                    k.put_taps(ints, r, phases, taps, offsets, y, b, c0, c1, grid, wq, dense)
+                    steps.added()
+                else:
+                    steps.added(partial(tap_planes, phases, taps, offsets, y, b, c0, c1, grid, wq, dense))
+                if epilogue is not None:
+                    block = (b, b + 1, c0, c1) if dense else (b * o + c0, b * o + c1, 0, 1)
+                    steps.epilogue(epilogue, y3, *block, 0, oh * ow)
+            steps.end_chunk()
+        steps.run()
+    return y

@@ -1,0 +1,353 @@
+"""The compiled half of threads.py's worker pool (the tables' layouts are in pool_layout.py): workers that
+wait for, take and run chunks of a job without the GIL.
+
+Why: a thread asleep in a futex took 30-70 us to wake on this 2-core VM, and a worker that has seen a new job
+but needs the GIL to run Python waited that long again for the caller to let go of it: longer than many split
+ops take in all (a depthwise conv, a decoding step's GEMV). Here an idle worker polls the job word for a short
+while (atomic loads, a PAUSE between them) and runs the job's steps itself: cblas GEMM/GEMV calls through their
+addresses, the conv epilogue and the depthwise kernel (conv_kernels.py), all described by rows of int64 and
+float64 tables (threads.Steps writes them).
+
+The job word (ctrl[NEXT]): generation << 44 | chunk count << 22 | next chunk. A chunk is taken by a
+compare-and-swap of the whole word, so a worker still holding an old job's word can never take a chunk of the
+next one (whose table rows are written only after every chunk of the old one has finished).
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from rlx_format.numba_setup import numba
+
+from .conv_kernels import bias_act_block, tap_planes
+from .pool_layout import FINISHED, KIND, KIND_NATIVE, NEXT, ROW_BIAS_ACT, ROW_GEMM, ROW_GEMV, ROW_TAPS, WORKED
+
+_X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86")
+_I32, _I64, _F32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
+
+GEN_SHIFT, COUNT_SHIFT, MASK = 44, 22, (1 << 22) - 1
+
+
+def _word_ptr(builder, context, aryty, ary, index):
+    data = context.make_array(aryty)(context, builder, ary).data
+    return builder.gep(data, [index])
+
+
+@intrinsic
+def _load(typingctx, ctrl, index):
+    """ctrl[index], an atomic acquire load (re-read on every call; a plain load may be hoisted out of a loop)."""
+    if not (isinstance(ctrl, types.Array) and ctrl.dtype == types.int64):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.load_atomic(_word_ptr(builder, context, sig.args[0], args[0], args[1]), "acquire", 8)
+
+    return types.int64(ctrl, types.intp), codegen
+
+
+@intrinsic
+def _store(typingctx, ctrl, index, value):
+    """ctrl[index] = value, an atomic release store (what was written before is seen by whoever loads it)."""
+    if not (isinstance(ctrl, types.Array) and ctrl.dtype == types.int64):
+        return None
+
+    def codegen(context, builder, sig, args):
+        builder.store_atomic(args[2], _word_ptr(builder, context, sig.args[0], args[0], args[1]), "release", 8)
+        return context.get_dummy_value()
+
+    return types.void(ctrl, types.intp, types.int64), codegen
+
+
+@intrinsic
+def _add(typingctx, ctrl, index, value):
+    """Atomically ctrl[index] += value."""
+    if not (isinstance(ctrl, types.Array) and ctrl.dtype == types.int64):
+        return None
+
+    def codegen(context, builder, sig, args):
+        builder.atomic_rmw("add", _word_ptr(builder, context, sig.args[0], args[0], args[1]), args[2], "acq_rel")
+        return context.get_dummy_value()
+
+    return types.void(ctrl, types.intp, types.int64), codegen
+
+
+@intrinsic
+def _swap(typingctx, ctrl, index, expected, new):
+    """Compare-and-swap ctrl[index] from `expected` to `new`; True if it was swapped."""
+    if not (isinstance(ctrl, types.Array) and ctrl.dtype == types.int64):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _word_ptr(builder, context, sig.args[0], args[0], args[1])
+        pair = builder.cmpxchg(ptr, args[2], args[3], "acq_rel", "acquire")
+        return builder.extract_value(pair, 1)
+
+    return types.boolean(ctrl, types.intp, types.int64, types.int64), codegen
+
+
+@intrinsic
+def _pause(typingctx):
+    """x86's PAUSE (a spin-loop hint); nothing elsewhere."""
+
+    def codegen(context, builder, sig, args):
+        if _X86:
+            fn = builder.module.declare_intrinsic("llvm.x86.sse2.pause", fnty=ir.FunctionType(ir.VoidType(), []))
+            builder.call(fn, [])
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
+def _c_caller(kinds: str):
+    """An intrinsic call(fn_address, args) calling a void C function whose parameters are `kinds`: i (C int),
+    l (int64), f (float), p (pointer); args is a tuple of int64 / float64 values in that order."""
+
+    @intrinsic
+    def call(typingctx, fn, args):
+        if not isinstance(args, types.BaseTuple) or len(args) != len(kinds):
+            return None
+
+        def codegen(context, builder, sig, llargs):
+            params = {"i": _I32, "l": _I64, "f": _F32, "p": ir.IntType(8).as_pointer()}
+            fnty = ir.FunctionType(ir.VoidType(), [params[k] for k in kinds])
+            target = builder.inttoptr(llargs[0], fnty.as_pointer())
+            values = []
+            for k, v in zip(kinds, cgutils.unpack_tuple(builder, llargs[1])):
+                if k == "i":
+                    values.append(builder.trunc(v, _I32))
+                elif k == "l":
+                    values.append(v)
+                elif k == "f":
+                    values.append(builder.fptrunc(v, _F32))
+                else:
+                    values.append(builder.inttoptr(v, params["p"]))
+            builder.call(target, values)
+            return context.get_dummy_value()
+
+        return types.void(fn, args), codegen
+
+    return call
+
+
+# cblas_sgemm(order, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc); cblas_sgemv(order, trans, m,
+# n, alpha, a, lda, x, incx, beta, y, incy); blas ints are C ints or int64 (an ILP64 build, as numpy's)
+_sgemm32, _sgemm64 = _c_caller("iiiiiifpipifpi"), _c_caller("iiilllfplplfpl")
+_sgemv32, _sgemv64 = _c_caller("iiiifpipifpi"), _c_caller("iillfplplfpl")
+
+
+@intrinsic
+def _f32_at(typingctx, address):
+    """An int64 address as a float32 pointer (for numba.carray)."""
+    def codegen(context, builder, sig, args):
+        return builder.inttoptr(args[0], _F32.as_pointer())
+    return types.CPointer(types.float32)(types.int64), codegen
+
+
+@intrinsic
+def _f64_at(typingctx, address):
+    def codegen(context, builder, sig, args):
+        return builder.inttoptr(args[0], ir.DoubleType().as_pointer())
+    return types.CPointer(types.float64)(types.int64), codegen
+
+
+@intrinsic
+def _i64_at(typingctx, address):
+    def codegen(context, builder, sig, args):
+        return builder.inttoptr(args[0], _I64.as_pointer())
+    return types.CPointer(types.int64)(types.int64), codegen
+
+
+@numba.njit(cache=True, nogil=True)
+def _run_row(ti, tf, r):  # pragma: no cover - compiled
+    kind = ti[r, 0]
+    if kind == ROW_GEMM:
+        args = (ti[r, 3], ti[r, 4], ti[r, 5], ti[r, 6], ti[r, 7], ti[r, 8], tf[r, 0], ti[r, 9], ti[r, 10], ti[r, 11],
+                ti[r, 12], tf[r, 1], ti[r, 13], ti[r, 14])
+        if ti[r, 2]:
+            _sgemm64(ti[r, 1], args)
+        else:
+            _sgemm32(ti[r, 1], args)
+    elif kind == ROW_GEMV:
+        args2 = (ti[r, 3], ti[r, 4], ti[r, 5], ti[r, 6], tf[r, 0], ti[r, 7], ti[r, 8], ti[r, 9], ti[r, 10], tf[r, 1],
+                 ti[r, 11], ti[r, 12])
+        if ti[r, 2]:
+            _sgemv64(ti[r, 1], args2)
+        else:
+            _sgemv32(ti[r, 1], args2)
+    elif kind == ROW_BIAS_ACT:
+        y = numba.carray(_f32_at(ti[r, 1]), (ti[r, 2], ti[r, 3], ti[r, 4]))
+        bias = numba.carray(_f32_at(ti[r, 12]), (ti[r, 13],))
+        terms = numba.carray(_f64_at(ti[r, 18]), (13,))
+        bias_act_block(y, ti[r, 5], ti[r, 6], ti[r, 7], ti[r, 8], ti[r, 9], ti[r, 10], ti[r, 11], bias,
+                       ti[r, 14] != 0, ti[r, 15], np.float32(tf[r, 0]), np.float32(tf[r, 1]), ti[r, 16] != 0,
+                       np.float32(tf[r, 2]), ti[r, 17] != 0, np.float32(tf[r, 3]), terms)
+    elif kind == ROW_TAPS:
+        n, o = ti[r, 2], ti[r, 18]
+        phases = numba.carray(_f32_at(ti[r, 1]), (n, ti[r, 3], ti[r, 4]))
+        taps = numba.carray(_f32_at(ti[r, 5]), (o, ti[r, 6]))
+        offsets = numba.carray(_i64_at(ti[r, 7]), (ti[r, 6],))
+        y = numba.carray(_f32_at(ti[r, 8]), (n, o, ti[r, 9], ti[r, 10]))
+        grid = numba.carray(_f32_at(ti[r, 14]), (ti[r, 16],))
+        tap_planes(phases, taps, offsets, y, ti[r, 11], ti[r, 12], ti[r, 13], grid, ti[r, 15], ti[r, 17] != 0)
+
+
+@numba.njit(cache=True, nogil=True)
+def run_rows(ti, tf, r0, r1):  # pragma: no cover - compiled
+    """Rows r0 .. r1 - 1 in order, on the calling thread."""
+    for r in range(r0, r1):
+        _run_row(ti, tf, r)
+
+
+@numba.njit(cache=True, nogil=True)
+def _take_chunks(ctrl, ti, tf, starts, gen):  # pragma: no cover - compiled
+    """Run chunks of job `gen` until none is left (or a newer job is up); how many ran here."""
+    ran = 0
+    while True:
+        w = _load(ctrl, NEXT)
+        if (w >> GEN_SHIFT) != gen or (w & MASK) >= ((w >> COUNT_SHIFT) & MASK):
+            return ran
+        if _swap(ctrl, NEXT, w, w + 1):
+            i = w & MASK
+            run_rows(ti, tf, starts[i], starts[i + 1])
+            _add(ctrl, FINISHED, 1)
+            ran += 1
+
+
+@numba.njit(cache=True, nogil=True)
+def serve(ctrl, ti, tf, starts, seen, polls):  # pragma: no cover - compiled
+    """A worker's loop: run each new native job's chunks; return (KIND_PYTHON or KIND_CLOSED, its generation)
+    for a job only Python can run or a closed pool, (-1, last generation) after `polls` polls with no new job."""
+    idle = 0
+    while idle < polls:
+        gen = _load(ctrl, NEXT) >> GEN_SHIFT
+        if gen == seen:
+            idle += 1
+            _pause()
+            continue
+        seen = gen
+        kind = _load(ctrl, KIND)
+        if kind != KIND_NATIVE:
+            return kind, seen
+        ran = _take_chunks(ctrl, ti, tf, starts, gen)
+        if ran:
+            _add(ctrl, WORKED, ran)
+        idle = 0
+    return -1, seen
+
+
+@numba.njit(cache=True, nogil=True)
+def post(ctrl, gen, count, kind):  # pragma: no cover - compiled
+    """Publish job `gen` (its table rows written before this call) of `count` chunks."""
+    _store(ctrl, FINISHED, 0)
+    _store(ctrl, KIND, kind)
+    _store(ctrl, NEXT, (gen << GEN_SHIFT) | (count << COUNT_SHIFT))
+
+
+@numba.njit(cache=True, nogil=True)
+def run_and_wait(ctrl, ti, tf, starts, gen, count, polls):  # pragma: no cover - compiled
+    """The caller's part of job `gen`: take chunks like a worker, then poll until every chunk has finished;
+    False if `polls` polls went by first."""
+    _take_chunks(ctrl, ti, tf, starts, gen)
+    for _ in range(polls):
+        if _load(ctrl, FINISHED) == count:
+            return True
+        _pause()
+    return _load(ctrl, FINISHED) == count
+
+
+@numba.njit(cache=True, nogil=True)
+def spin_while_equal(flags, value, polls):  # pragma: no cover - compiled
+    """Poll flags[0] up to `polls` times; True as soon as it differs from `value`."""
+    for _ in range(polls):
+        if _load(flags, 0) != value:
+            return True
+        _pause()
+    return _load(flags, 0) != value
+
+
+def polls_per_second() -> float:
+    """How many polls of spin_while_equal take a second on this CPU (PAUSE alone is ~10-140 cycles)."""
+    flags = np.zeros(1, np.int64)
+    spin_while_equal(flags, 0, 10)
+    polls = 20_000
+    t = time.perf_counter()
+    spin_while_equal(flags, 0, polls)
+    return polls / max(time.perf_counter() - t, 1e-9)
+
+
+# Writing rows (threads.Steps): compiled, so a step costs one dispatch instead of a .ctypes.data per array
+_NO_TRANS, _TRANS = 111, 112
+
+
+@numba.njit(cache=True, nogil=True)
+def _operand(x):  # pragma: no cover - compiled
+    """(cblas transpose flag, leading dimension) of a 2-D array for a row-major call; (0, 0) if its strides
+    are none a BLAS takes."""
+    item = x.itemsize
+    s0, s1 = x.strides
+    if s1 == item and s0 % item == 0 and s0 >= max(1, x.shape[1]) * item:
+        return _NO_TRANS, s0 // item
+    if s0 == item and s1 % item == 0 and s1 >= max(1, x.shape[0]) * item:
+        return _TRANS, s1 // item
+    return 0, 0
+
+
+@numba.njit(cache=True, nogil=True)
+def put_gemm(ti, tf, r, fn, wide, a, b, out, beta):  # pragma: no cover - compiled
+    """Row r: out[:] = a @ b + beta * out (float32; out's rows contiguous); False if a or b needs a copy first."""
+    ta, lda = _operand(a)
+    tb, ldb = _operand(b)
+    if ta == 0 or tb == 0:
+        return False
+    ti[r, 0], ti[r, 1], ti[r, 2], ti[r, 3], ti[r, 4], ti[r, 5] = ROW_GEMM, fn, wide, 101, ta, tb
+    ti[r, 6], ti[r, 7], ti[r, 8] = a.shape[0], b.shape[1], a.shape[1]
+    ti[r, 9], ti[r, 10], ti[r, 11], ti[r, 12] = a.ctypes.data, lda, b.ctypes.data, ldb
+    ti[r, 13], ti[r, 14] = out.ctypes.data, out.strides[0] // out.itemsize
+    tf[r, 0], tf[r, 1] = 1.0, beta
+    return True
+
+
+@numba.njit(cache=True, nogil=True)
+def put_gemv(ti, tf, r, fn, wide, a, b, out):  # pragma: no cover - compiled
+    """Row r: out[:] = a[0] @ b (float32, a one row, out 1-D); False if b needs a copy first."""
+    tw, ldw = _operand(b)
+    if tw == 0:
+        return False
+    k, n = b.shape
+    ti[r, 0], ti[r, 1], ti[r, 2], ti[r, 3] = ROW_GEMV, fn, wide, 101
+    if tw == _NO_TRANS:  # b row-major (k, n): out = bᵀ-gemv over its k rows
+        ti[r, 4], ti[r, 5], ti[r, 6] = _TRANS, k, n
+    else:  # b = Wᵀ with W row-major (n, k)
+        ti[r, 4], ti[r, 5], ti[r, 6] = _NO_TRANS, n, k
+    ti[r, 7], ti[r, 8], ti[r, 9], ti[r, 10] = b.ctypes.data, ldw, a.ctypes.data, a.strides[1] // a.itemsize
+    ti[r, 11], ti[r, 12] = out.ctypes.data, out.strides[0] // out.itemsize
+    tf[r, 0], tf[r, 1] = 1.0, 0.0
+    return True
+
+
+@numba.njit(cache=True, nogil=True)
+def put_bias_act(ti, tf, r, y, b0, b1, r0, r1, c0, c1, groups, bias, has_bias, act, has_lo, has_hi, terms,
+                 alpha, beta, lo, hi):  # pragma: no cover - compiled
+    """Row r: conv_kernels.bias_act_block on block [b0, b1) x [r0, r1) x [c0, c1) of y (B, M, N) float32."""
+    ti[r, 0], ti[r, 1], ti[r, 2], ti[r, 3], ti[r, 4] = ROW_BIAS_ACT, y.ctypes.data, y.shape[0], y.shape[1], y.shape[2]
+    ti[r, 5], ti[r, 6], ti[r, 7], ti[r, 8], ti[r, 9], ti[r, 10] = b0, b1, r0, r1, c0, c1
+    ti[r, 11], ti[r, 12], ti[r, 13], ti[r, 14] = groups, bias.ctypes.data, bias.size, has_bias
+    ti[r, 15], ti[r, 16], ti[r, 17], ti[r, 18] = act, has_lo, has_hi, terms.ctypes.data
+    tf[r, 0], tf[r, 1], tf[r, 2], tf[r, 3] = alpha, beta, lo, hi
+
+
+@numba.njit(cache=True, nogil=True)
+def put_taps(ti, r, phases, taps, offsets, y, n, c0, c1, grid, wq, shared):  # pragma: no cover - compiled
+    """Row r: conv_kernels.tap_planes(phases, taps, offsets, y, n, c0, c1, grid, wq, shared)."""
+    ti[r, 0], ti[r, 1], ti[r, 2], ti[r, 3], ti[r, 4] = ROW_TAPS, phases.ctypes.data, *phases.shape
+    ti[r, 5], ti[r, 6], ti[r, 7] = taps.ctypes.data, taps.shape[1], offsets.ctypes.data
+    ti[r, 8], ti[r, 9], ti[r, 10] = y.ctypes.data, y.shape[2], y.shape[3]
+    ti[r, 11], ti[r, 12], ti[r, 13], ti[r, 14], ti[r, 15], ti[r, 16] = n, c0, c1, grid.ctypes.data, wq, grid.size
+    ti[r, 17], ti[r, 18] = shared, y.shape[1]

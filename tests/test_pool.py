@@ -1,0 +1,201 @@
+"""The worker pool behind rlx_runtime.threads: native jobs (threads.Steps rows that pool_kernels runs without the
+GIL) and Python jobs (run_chunks) through one set of workers. Native and Python forms of a job give the same
+bits; every chunk runs exactly once however jobs follow each other; workers asleep are woken; a second caller
+while the pool is busy runs alone; without numba nothing loads it and splits still run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+import numba  # noqa: F401 - the pool's native path needs numba loaded (threads._kernels)
+import numpy as np
+import pytest
+from threadpoolctl import threadpool_limits
+
+from rlx_runtime import conv_taps, threads
+from rlx_runtime.conv_kernels import bias_activation
+from rlx_runtime.pool_layout import WORKED
+from rlx_runtime.threads import Steps, forward_threads, matmul, run_chunks
+
+R = np.random.default_rng(7)
+
+
+def _f(*shape):
+    return R.standard_normal(shape).astype(np.float32)
+
+
+@pytest.fixture
+def split_small(monkeypatch):
+    monkeypatch.setattr(threads, "_MIN_SPLIT_WORK", 0)
+
+
+def _worked() -> int:
+    return int(threads._pool.ctrl[WORKED]) if threads._pool is not None else 0
+
+
+def _ops():
+    """name -> a float32 computation that splits into pool jobs (matmul steps, conv epilogues, tap convs)."""
+    a, b, x1 = _f(700, 96), _f(96, 300), _f(1, 900)
+    wide, w_t, a_t = _f(96, 2400), _f(2000, 900), _f(96, 700).T
+    ep = bias_activation(_f(700), "HardSwish", 1 / 6, None, None, 1, 0.5)
+    sig = bias_activation(_f(64), "Sigmoid", 0.0, None, None)
+    clip = bias_activation(_f(64), "Clip", 0.0, -0.5, 0.25)
+    xs, wd, wdw = _f(2, 3, 41, 37), _f(16, 3, 3, 3), _f(24, 1, 5, 5)
+    xdw = _f(2, 24, 19, 23)
+    dw_ep = bias_activation(_f(24), "Silu", 0.0, None, None, 24)
+    hs = bias_activation(_f(16), "HardSwish", 0.2, None, None)
+    return {
+        "rows split": lambda: matmul(a, b),
+        "columns split": lambda: matmul(a[:64], wide),
+        "transposed operand": lambda: matmul(a_t, b),
+        "strided operand (copied for the BLAS)": lambda: matmul(a[:, ::2], b[::2]),
+        "one-row GEMV": lambda: matmul(x1, w_t.T),
+        "one-row GEMV, row-major": lambda: matmul(x1, w_t[:900, :1500]),
+        "epilogue, rows": lambda: matmul(a, b, ep),
+        "epilogue, columns, Sigmoid": lambda: matmul(a[:64], wide, sig),
+        "epilogue, Clip": lambda: matmul(a[:64], wide, clip),
+        "dense taps + HardSwish": lambda: conv_taps.taps2d(xs, wd, (2, 2), (1, 1), [1, 1, 1, 1], (21, 19), hs),
+        "depthwise taps + Silu": lambda: conv_taps.taps2d(xdw, wdw, (1, 1), (1, 1), [2, 2, 2, 2], (19, 23), dw_ep),
+    }
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+def test_native_jobs_give_the_python_jobs_bits(split_small, monkeypatch):
+    ops = _ops()
+    with threadpool_limits(2, "blas"), forward_threads():
+        native = {k: op() for k, op in ops.items()}
+        assert threads._pool is not None and _worked() > 0  # the workers ran native chunks
+        with monkeypatch.context() as m:
+            m.setattr(threads, "_kernels", lambda: None)  # as without numba: Python jobs
+            python = {k: op() for k, op in ops.items()}
+    for k in ops:
+        np.testing.assert_array_equal(native[k], python[k], err_msg=k)
+
+
+def _accumulating_job(count: int, out: np.ndarray, eye: np.ndarray, native: bool = True) -> None:
+    """count chunks; chunk i adds row i + 1 to out[i] (out[i] += [i + 1, 0, 0, 0] @ I): a chunk run twice or
+    not at all shows."""
+    with Steps(count, native) as steps:
+        for i in range(count):
+            steps.gemm(np.array([[i + 1, 0, 0, 0]], np.float32), eye, out[i:i + 1], beta=1.0)
+            steps.end_chunk()
+        steps.run()
+
+
+def test_back_to_back_jobs_run_every_chunk_exactly_once():
+    eye = np.eye(4, dtype=np.float32)
+    rng = np.random.default_rng(3)
+    with threadpool_limits(2, "blas"), forward_threads():
+        for job in range(3000):
+            count = int(rng.integers(1, 10))
+            out = np.zeros((count, 4), np.float32)
+            if job % 5 == 4:  # a Python job in between
+                seen = []
+                run_chunks(count, seen.append)
+                assert sorted(seen) == list(range(count))
+                continue
+            _accumulating_job(count, out, eye)
+            np.testing.assert_array_equal(out[:, 0], np.arange(1, count + 1, dtype=np.float32), err_msg=str(job))
+            assert not out[:, 1:].any()
+
+
+def test_a_sleeping_worker_is_woken_for_the_next_job(split_small):
+    a, b = _f(4000, 256), _f(256, 256)  # two chunks of ~2 ms: the woken worker takes the second
+    with threadpool_limits(2, "blas"), forward_threads():
+        matmul(a, b)
+        for _ in range(20):
+            time.sleep(0.05)  # far past the workers' polling window: they are asleep
+            before = _worked()
+            got = matmul(a, b)
+            if _worked() > before:
+                break
+        else:
+            pytest.fail("no worker took a chunk after sleeping")
+    with threadpool_limits(1, "blas"):
+        want = a @ b
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_a_second_caller_runs_alone_while_the_pool_is_busy(split_small):
+    eye = np.eye(4, dtype=np.float32)
+    a, b = _f(600, 128), _f(128, 200)
+    holding, release = threading.Event(), threading.Event()
+    result = {}
+
+    def holder():
+        with threadpool_limits(2, "blas"), forward_threads():
+            with Steps(8) as steps:
+                assert steps.native
+                holding.set()
+                release.wait(10)  # holds the pool meanwhile
+                out = np.zeros((3, 4), np.float32)
+                for i in range(3):
+                    steps.gemm(np.array([[i + 1, 0, 0, 0]], np.float32), eye, out[i:i + 1], beta=1.0)
+                    steps.end_chunk()
+                steps.run()
+                result["holder"] = out
+
+    t = threading.Thread(target=holder)
+    t.start()
+    assert holding.wait(10)
+    with threadpool_limits(2, "blas"), forward_threads():
+        with Steps(8) as steps:
+            assert not steps.native  # the pool is taken: this job runs on its own thread
+        result["second"] = matmul(a, b)
+    release.set()
+    t.join(10)
+    with threadpool_limits(1, "blas"):
+        np.testing.assert_allclose(result["second"], a @ b, rtol=1e-5, atol=1e-4)
+    np.testing.assert_array_equal(result["holder"][:, 0], [1, 2, 3])
+
+
+def test_more_threads_start_a_larger_pool_and_retire_the_old_one(split_small):
+    a, b = _f(900, 128), _f(128, 300)
+    with threadpool_limits(1, "blas"):
+        want = a @ b
+    for n in (2, 3):
+        with threadpool_limits(n, "blas"), forward_threads():
+            got = matmul(a, b)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+        assert threads._pool.size >= n - 1
+    size = threads._pool.size
+    for _ in range(100):  # the old pool's workers leave once they see it closed
+        if sum(t.name == "rlx" for t in threading.enumerate()) == size:
+            break
+        time.sleep(0.02)
+    assert sum(t.name == "rlx" for t in threading.enumerate()) == size
+
+
+def test_one_thread_makes_one_chunk():
+    assert threads.chunk_edges(1000, 1) == [0, 1000]
+    assert len(threads.chunk_edges(1000, 2)) == 5  # two chunks per thread on smaller work
+
+
+_NO_NUMBA = """
+import sys, threading
+sys.modules["numba"] = None  # any import of numba fails
+import numpy as np
+from threadpoolctl import threadpool_limits
+from rlx_runtime import threads
+threads._MIN_SPLIT_WORK = 0
+r = np.random.default_rng(0)
+a, b = r.standard_normal((800, 64)).astype(np.float32), r.standard_normal((64, 300)).astype(np.float32)
+who = set()
+with threadpool_limits(2, "blas"), threads.forward_threads():
+    got = threads.matmul(a, b)
+    for _ in range(50):
+        threads.run_chunks(4, lambda i: (who.add(threading.get_ident()), __import__("time").sleep(0.002)))
+with threadpool_limits(1, "blas"):
+    want = a @ b
+assert np.allclose(got, want, rtol=1e-5, atol=1e-4)
+assert threads._pool_kernels is None and len(who) == 2
+print("ok")
+"""
+
+
+def test_without_numba_splits_run_as_python_jobs():
+    out = subprocess.run([sys.executable, "-c", _NO_NUMBA], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
