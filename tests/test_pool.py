@@ -171,7 +171,8 @@ def test_more_threads_start_a_larger_pool_and_retire_the_old_one(split_small):
 
 def test_one_thread_makes_one_chunk():
     assert threads.chunk_edges(1000, 1) == [0, 1000]
-    assert len(threads.chunk_edges(1000, 2)) == 5  # two chunks per thread on smaller work
+    assert threads.chunk_edges(1000, 2) == [0, 500, 1000]
+    assert threads.chunk_edges(20, 2) == [0, 20]  # chunks of at least _MIN_CHUNK
 
 
 _NO_NUMBA = """

@@ -58,7 +58,7 @@ def conv2d_shifted(x: np.ndarray, w: np.ndarray, dil, pads, out_sp,
     y3 = y.reshape(n, o, ho * wo)
     # blocks of output rows (the GEMMs' long side): each is `rows` x Wp columns of every channel
     work = o * c * len(offsets) * span
-    edges = chunk_edges(ho, threads_for(n * work), work, min_chunk=max(1, -(-64 // wp)))
+    edges = chunk_edges(ho, threads_for(n * work), min_chunk=max(1, -(-64 // wp)))
 
     def chunk(i: int) -> None:
         y0, y1 = edges[i], edges[i + 1]

@@ -80,7 +80,7 @@ def taps2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp,
     # the output as the epilogue sees a conv's GEMM result, (n * group, o / group, oh * ow)
     y3 = y.reshape(n, o, oh * ow) if dense else y.reshape(n * o, 1, oh * ow)
     work = o * len(offsets) * oh * wq
-    edges = chunk_edges(o, threads_for(n * work), work, min_chunk=8)
+    edges = chunk_edges(o, threads_for(n * work), min_chunk=8)
     with Steps(n * len(edges) * (1 if epilogue is None else 2), epilogue is None or hasattr(epilogue, "put")) as steps:
         for c0, c1 in zip(edges, edges[1:]):
             grid = np.empty(size, np.float32)  # the chunk's scratch

@@ -206,12 +206,13 @@ def run_rows(ti, tf, r0, r1):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def _take_chunks(ctrl, ti, tf, starts, gen):  # pragma: no cover - compiled
-    """Run chunks of job `gen` until none is left (or a newer job is up); how many ran here."""
+def _take_chunks(ctrl, ti, tf, starts):  # pragma: no cover - compiled
+    """Run chunks of the posted job until none is left; how many ran here. (A worker still here when the caller
+    posts the next job may go on with that one's chunks: each is taken by a swap of the whole word.)"""
     ran = 0
     while True:
         w = _load(ctrl, NEXT)
-        if (w >> GEN_SHIFT) != gen or (w & MASK) >= ((w >> COUNT_SHIFT) & MASK):
+        if (w & MASK) >= ((w >> COUNT_SHIFT) & MASK):
             return ran
         if _swap(ctrl, NEXT, w, w + 1):
             i = w & MASK
@@ -235,7 +236,7 @@ def serve(ctrl, ti, tf, starts, seen, polls):  # pragma: no cover - compiled
         kind = _load(ctrl, KIND)
         if kind != KIND_NATIVE:
             return kind, seen
-        ran = _take_chunks(ctrl, ti, tf, starts, gen)
+        ran = _take_chunks(ctrl, ti, tf, starts)
         if ran:
             _add(ctrl, WORKED, ran)
         idle = 0
@@ -251,10 +252,10 @@ def post(ctrl, gen, count, kind):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
-def run_and_wait(ctrl, ti, tf, starts, gen, count, polls):  # pragma: no cover - compiled
-    """The caller's part of job `gen`: take chunks like a worker, then poll until every chunk has finished;
-    False if `polls` polls went by first."""
-    _take_chunks(ctrl, ti, tf, starts, gen)
+def run_and_wait(ctrl, ti, tf, starts, count, polls):  # pragma: no cover - compiled
+    """The caller's part of the posted job: take chunks like a worker, then poll until all `count` have
+    finished; False if `polls` polls went by first."""
+    _take_chunks(ctrl, ti, tf, starts)
     for _ in range(polls):
         if _load(ctrl, FINISHED) == count:
             return True

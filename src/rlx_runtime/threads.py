@@ -1,25 +1,27 @@
-"""rlx's own threads for the CPU forward: large GEMMs split into chunks that the caller and a worker pool pull.
+"""rlx's own threads for the CPU forward: large GEMMs, conv epilogues, tap convs and attention split into chunks
+that the caller and one worker pool take in turn (a chunk is taken by whoever is free, so a late thread delays
+at most a chunk it took).
 
 Why not the BLAS's threads: OpenBLAS splits each call statically and waits for every one of its threads, so
 on a shared machine a descheduled thread costs a scheduler time slice per call (measured here, 2 cores with
-other processes running: a YOLO-like forward took 22 ms with one BLAS thread and 104 ms with two), and small
-GEMMs gain nothing from its split even on a quiet machine. Here the calling thread and the workers take
-chunks from a shared counter, so whoever runs takes the next one and a late thread delays at most its own
-chunk. Inside a forward the BLAS runs single-threaded.
+other processes running: a YOLO-like forward took 22 ms with one BLAS thread and 104 ms with two), and it
+splits nothing but its own calls. Inside a forward the BLAS runs single-threaded.
 
 How many threads: as many as the BLAS is set to when the forward starts (OPENBLAS_NUM_THREADS, or
 threadpoolctl's `threadpool_limits`), which is how numpy users already choose them. `threads_in_use()`
 reports it. While any rlx forward runs, the process's BLAS is single-threaded (restored when the last ends).
 
-Each chunk is one single-threaded BLAS call (cblas_?gemm through ctypes, which drops the GIL; np.matmul with
-out= keeps it, so chunks written in place would run one at a time) over the whole inner dimension, so every
-output element is the same dot product as in the unsplit call, up to the order the BLAS kernel sums it in:
-OpenBLAS's SkylakeX kernels give the same bits however the output is split, its Haswell kernels round some
-elements differently at chunk edges (tests/test_threads.py bounds the difference as a dot product's).
-Measured on this 2-core machine: with both cores free, single GEMMs split this way
-take 0.8-2.1x the time of OpenBLAS's own two threads (each chunk packs its other operand again; small GEMMs
-pay the pool's wake-up); with another process busy, a YOLO-like forward at two threads takes 22-26 ms
-(best-median) where OpenBLAS's own split took 26-38 ms.
+Two kinds of job share the workers. A native job (`Steps`) is a table of steps (cblas GEMM/GEMV calls through
+their addresses, the conv epilogue, the tap kernel; layouts in pool_layout.py) that pool_kernels.py runs
+without the GIL: an idle worker polls for the next job for ~2 ms, then sleeps. A thread asleep in a futex took
+30-70 us to wake on this 2-core VM, and a worker that needs the GIL to start a chunk waits that long again for
+the caller to let go of it: longer than many split ops take in all. A Python job (`run_chunks`) is a function
+of the chunk number, for work that is numpy calls. Until numba is loaded every job is a Python one.
+
+Each GEMM chunk is one single-threaded BLAS call over the whole inner dimension, so every output element is the
+same dot product as in the unsplit call, up to the order the BLAS kernel sums it in: OpenBLAS's SkylakeX
+kernels give the same bits however the output is split, its Haswell kernels round some elements differently
+at chunk edges (tests/test_threads.py bounds the difference as a dot product's).
 """
 
 from __future__ import annotations
@@ -39,9 +41,7 @@ import numpy as np
 from .pool_layout import (FINISHED, FLOAT_COLUMNS, INT_COLUMNS, KIND_CLOSED, KIND_NATIVE, KIND_PYTHON)
 
 _MIN_SPLIT_WORK = 1 << 21  # multiply-adds below which one call beats the split (a few tens of us)
-_BIG_WORK = 1 << 25        # multiply-adds from which a GEMM splits into one chunk per thread (packs less)
-_MIN_CHUNK = 64            # rows or columns per chunk
-_CHUNKS_PER_THREAD = 2     # enough chunks that a late thread is covered, few enough to pack operands rarely
+_MIN_CHUNK = 16            # rows or columns per chunk
 
 _lock = threading.Lock()
 _active = 0                # forwards running (any thread); the first saves the BLAS's setting, the last restores
@@ -249,8 +249,8 @@ class _Pool:
         """Run a native job of `count` chunks (its rows already in the tables; chunk i is rows starts[i] ..
         starts[i + 1]) here and on the workers; return when all have finished."""
         self.starts[:count + 1] = starts
-        gen = self.post(KIND_NATIVE, count)
-        if not k.run_and_wait(self.ctrl, self.ints, self.floats, self.starts, gen, count, _polls):
+        self.post(KIND_NATIVE, count)
+        if not k.run_and_wait(self.ctrl, self.ints, self.floats, self.starts, count, _polls):
             while self.ctrl[FINISHED] != count:  # a worker's chunk is still running: poll asleep
                 time.sleep(20e-6)
 
@@ -422,11 +422,11 @@ def run_chunks(count: int, fn: Callable[[int], None]) -> None:
         raise job.errors[0]
 
 
-def chunk_edges(length: int, threads: int, work: int = 0, min_chunk: int = _MIN_CHUNK) -> list[int]:
-    """Chunk edges along `length`: a few chunks per thread (one for a long GEMM, one in all for one thread), each
-    at least min_chunk."""
-    per = 1 if work >= _BIG_WORK or threads == 1 else _CHUNKS_PER_THREAD
-    chunks = max(1, min(threads * per, length // min_chunk))
+def chunk_edges(length: int, threads: int, min_chunk: int = _MIN_CHUNK) -> list[int]:
+    """Chunk edges along `length`: one chunk per thread, each at least min_chunk long. (Two per thread covered
+    a late thread better on a busy machine, but cost more on a quiet one: measured A/B in whole forwards, a
+    GPT-2 decoding step 8% slower, the others 0-3%; every chunk packs its other operand again.)"""
+    chunks = max(1, min(threads, length // min_chunk))
     return [length * i // chunks for i in range(chunks + 1)]
 
 
@@ -503,8 +503,8 @@ def _matmul_2d(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None) -> np.nd
         return _whole(a, b, epilogue)
     out = np.empty((m, n), a.dtype)
     out3 = out[None]
-    edges = chunk_edges(max(m, n), threads, m * n * a.shape[1])
     gemv = m == 1 and a.dtype in _blas_controllers()[0].gemv
+    edges = chunk_edges(max(m, n), threads)
     # each chunk packs the operand it does not split again: split the longer side, so that is the smaller one
     with Steps(2 * len(edges), a.dtype == np.float32 and (epilogue is None or hasattr(epilogue, "put"))) as steps:
         for e0, e1 in zip(edges, edges[1:]):
