@@ -105,6 +105,16 @@ def compute() -> dict[str, np.ndarray]:
             wc = r.standard_normal((12, 1, k, k)).astype(np.float32)
             out[f"depthwise/{k}x{k}/s{stride}"] = _run("Conv", [xc, wc], {"group": 12, "pads": [k // 2] * 4,
                                                                           "strides": [stride, stride]}, consts=(1,))
+        # a dense stem with few weights takes the same tap kernel (channels, then taps, in order)
+        xs = r.standard_normal((1, 3, 120, 116)).astype(np.float32)  # a 60x58 output: the tap path
+        xs.reshape(-1)[::29] = np.inf
+        ws = r.standard_normal((16, 3, 3, 3)).astype(np.float32)
+        out["dense_taps/3x3/s2"] = _run("Conv", [xs, ws], {"group": 1, "pads": [1] * 4, "strides": [2, 2]},
+                                        consts=(1,))
+        from rlx_runtime.threads import few_rows_matmul  # the few-rows GEMM: fma in order of k, explicit IR
+        xa = r.standard_normal((5, 300)).astype(np.float32)
+        xa.reshape(-1)[::37] = np.nan
+        out["few_rows_matmul"] = few_rows_matmul(xa, r.standard_normal((300, 203)).astype(np.float32))
         for to in ("i8", "u8", "i16", "i32", "i64"):
             out[f"cast/{to}"] = _run("Cast", [f], {"to": to})
             out[f"cast16/{to}"] = _run("Cast", [f.astype(np.float16)], {"to": to})

@@ -200,3 +200,84 @@ print("ok")
 def test_without_numba_splits_run_as_python_jobs():
     out = subprocess.run([sys.executable, "-c", _NO_NUMBA], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+# ------------------------------------------------------------------ the few-rows GEMM (simd.skinny_f32)
+
+FEW_ROWS = [(2, 16, 64), (5, 300, 203), (8, 256, 1024), (9, 40, 97), (16, 512, 130), (3, 17, 64)]
+
+
+@pytest.mark.parametrize("m,k,n", FEW_ROWS, ids=str)
+def test_few_rows_matmul_sums_each_dot_in_order(m, k, n):
+    """Each output is its k products added by fma in order from 0.0: within a dot product's rounding of the
+    float64 value, and the same bits at one and two threads (the column blocks never split a dot product)."""
+    a, b = _f(m, k), _f(k, n)
+    with threadpool_limits(1, "blas"), forward_threads():
+        one = threads.few_rows_matmul(a, b)
+    with threadpool_limits(2, "blas"), forward_threads():
+        two = threads.few_rows_matmul(a, b)
+    np.testing.assert_array_equal(one, two)
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    bound = k * np.finfo(np.float32).eps * (np.abs(a).astype(np.float64) @ np.abs(b).astype(np.float64))
+    assert np.all(np.abs(one - exact) <= bound)
+
+
+def test_few_rows_matmul_propagates_nan_and_inf_like_a_dot_product():
+    a, b = _f(4, 64), _f(64, 96)
+    a[1, 3], a[2, 5], b[7, 40] = np.nan, np.inf, np.inf
+    got = threads.few_rows_matmul(a, b)
+    with np.errstate(invalid="ignore"):
+        want = a.astype(np.float64) @ b.astype(np.float64)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.isposinf(got), np.isposinf(want))
+    np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want))
+
+
+@pytest.mark.parametrize("shapes", [((1, 64), (64, 96)), ((17, 64), (64, 96)), ((4, 8), (8, 96)), ((4, 64), (64, 32))],
+                         ids=str)
+def test_few_rows_matmul_declines_what_it_does_not_cover(shapes):
+    a, b = _f(*shapes[0]), _f(*shapes[1])
+    assert threads.few_rows_matmul(a, b) is None
+    assert threads.few_rows_matmul(a.astype(np.float64), b.astype(np.float64)) is None
+    assert threads.few_rows_matmul(_f(4, 64), _f(96, 64).T) is None  # b not C-contiguous
+
+
+def test_matmul_ops_and_lstm_steps_take_the_few_rows_kernel(monkeypatch, tmp_path):
+    from rlx_format import GraphBuilder
+    from rlx_runtime import Session
+
+    calls = []
+    real = threads.few_rows_matmul
+    monkeypatch.setattr(threads, "few_rows_matmul", lambda a, b: calls.append(a.shape) or real(a, b))
+    g = GraphBuilder("m")
+    x = g.input("x", "f32", [2, 3, 128])
+    w = _f(128, 300)
+    g.output(g.op("MatMul", x, g.constant(w), name="y"))
+    xv = _f(2, 3, 128)
+    got = Session().compile(g.build()).run({"x": xv})["y"]
+    assert calls == [(6, 128)]
+    np.testing.assert_allclose(got, xv @ w, rtol=1e-5, atol=1e-4)
+    calls.clear()
+    # an LSTM (through the ONNX import): each step's state times Rᵀ, checked against onnxruntime
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from rlx_bake import BakeOptions, bake
+    from rlx_bake.onnx import import_onnx
+
+    hid, seq = 64, 5
+    inits = [numpy_helper.from_array(_f(1, 4 * hid, 32) * 0.3, "W"),
+             numpy_helper.from_array(_f(1, 4 * hid, hid) * 0.3, "R")]
+    node = helper.make_node("LSTM", ["x", "W", "R"], ["Y"], hidden_size=hid)
+    m = helper.make_model(helper.make_graph([node], "l", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                        [seq, 8, 32])],
+                                            [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], inits),
+                          opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "lstm.onnx"
+    path.write_bytes(m.SerializeToString())
+    rf, _ = bake(*import_onnx(path), BakeOptions.from_profile("exact"))
+    xv = _f(seq, 8, 32)
+    got = Session().compile(rf).run({"x": xv})["Y"]
+    assert calls == [(8, hid)] * seq  # one per step
+    want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": xv})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -27,7 +27,9 @@ from numba.extending import intrinsic
 from rlx_format.numba_setup import numba
 
 from .conv_kernels import bias_act_block, tap_planes
-from .pool_layout import FINISHED, KIND, KIND_NATIVE, NEXT, ROW_BIAS_ACT, ROW_GEMM, ROW_GEMV, ROW_TAPS, WORKED
+from .pool_layout import (FINISHED, KIND, KIND_NATIVE, NEXT, ROW_BIAS_ACT, ROW_GEMM, ROW_GEMV, ROW_SKINNY, ROW_TAPS,
+                          WORKED)
+from .simd import SKINNY_ROWS, skinny_f32
 
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86")
 _I32, _I64, _F32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
@@ -196,6 +198,28 @@ def _run_row(ti, tf, r):  # pragma: no cover - compiled
         y = numba.carray(_f32_at(ti[r, 8]), (n, o, ti[r, 9], ti[r, 10]))
         grid = numba.carray(_f32_at(ti[r, 14]), (ti[r, 16],))
         tap_planes(phases, taps, offsets, y, ti[r, 11], ti[r, 12], ti[r, 13], grid, ti[r, 15], ti[r, 17] != 0)
+    elif kind == ROW_SKINNY:
+        rows, k, n = ti[r, 4], ti[r, 5], ti[r, 6]
+        out = numba.carray(_f32_at(ti[r, 1]), (rows * n,))
+        x = numba.carray(_f32_at(ti[r, 2]), (rows * k,))
+        wt = numba.carray(_f32_at(ti[r, 3]), (k * n,))
+        skinny_rows(out, x, wt, rows, k, n, ti[r, 7], ti[r, 8])
+
+
+@numba.njit(cache=True, nogil=True)
+def skinny_rows(out, x, wt, rows, k, n, c0, c1):  # pragma: no cover - compiled
+    """out (rows, n) = x (rows, k) @ wt (k, n) on columns c0..c1 (flat C-order float32), SKINNY_ROWS rows at a
+    time."""
+    for j0 in range(0, rows, SKINNY_ROWS):
+        j1 = min(rows, j0 + SKINNY_ROWS)
+        skinny_f32(out[j0 * n:], x[j0 * k:], wt, j1 - j0, k, n, c0, c1)
+
+
+@numba.njit(cache=True, nogil=True)
+def put_skinny(ti, r, out, x, wt, c0, c1):  # pragma: no cover - compiled
+    """Row r: skinny_rows on columns c0..c1 of out = x @ wt (C-contiguous 2-D float32)."""
+    ti[r, 0], ti[r, 1], ti[r, 2], ti[r, 3] = ROW_SKINNY, out.ctypes.data, x.ctypes.data, wt.ctypes.data
+    ti[r, 4], ti[r, 5], ti[r, 6], ti[r, 7], ti[r, 8] = x.shape[0], x.shape[1], wt.shape[1], c0, c1
 
 
 @numba.njit(cache=True, nogil=True)

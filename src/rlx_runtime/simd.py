@@ -102,9 +102,10 @@ def _scales(builder, row, b, layout, count):
 
 
 def _fma(builder, a, b, c):
-    vty = a.type  # llvmlite names only scalar intrinsics: the vector one is declared by its mangled name
-    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vty, [vty] * 3),
-                                        f"llvm.fma.v{vty.count}f32")
+    """llvm.fma of float32 scalars or vectors (llvmlite names only scalar intrinsics: declared by mangled name)."""
+    ty = a.type
+    name = f"llvm.fma.v{ty.count}f32" if isinstance(ty, ir.VectorType) else "llvm.fma.f32"
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ty, [ty] * 3), name)
     return builder.call(fn, [a, b, c])
 
 
@@ -383,3 +384,60 @@ def taps_f32(typingctx, dst, at, src, start, count, weights, offsets):
         return context.get_dummy_value()
 
     return types.void(dst, at, src, start, count, weights, offsets), codegen
+
+
+SKINNY_ROWS = 8  # rows of x that skinny_f32 multiplies at once (its accumulators: 8 x 32 lanes)
+
+
+@intrinsic
+def skinny_f32(typingctx, out, x, wt, rows, k, n, c0, c1):
+    """out[j*n + c] = sum over i < k of x[j*k + i] * wt[i*n + c] for j < rows (at most SKINNY_ROWS) and c in [c0,
+    c1): a GEMM with few rows, x (rows, k) times wt (k, n), all flat C-order float32. Each output is its products
+    added by fma in order of i from 0.0 (the same bits on every CPU). 32 columns at a time: one load of wt's
+    row-piece feeds a multiply-add into each row's accumulator (OpenBLAS packs the whole of wt on every call, which
+    made an LSTM step's 8x256 @ 256x1024 cost ~150 us); then the last columns one at a time."""
+    ints = all(isinstance(v, types.Integer) for v in (rows, k, n, c0, c1))
+    if not (_is_f32(out) and _is_f32(x) and _is_f32(wt) and ints):
+        return None
+
+    def codegen(context, builder, sig, args):
+        op, xp, wp = (_data(context, builder, sig.args[i], args[i]).data for i in range(3))
+        rows_, k_, n_, c0_, c1_ = (builder.sext(v, _I64) if v.type.width < 64 else v for v in args[3:8])
+        zero = ir.Constant(_I64, 0)
+        # rows past `rows` read row 0 (in bounds) and are not stored
+        xrow = [builder.select(builder.icmp_signed("<", ir.Constant(_I64, j), rows_),
+                               builder.mul(ir.Constant(_I64, j), k_), zero) for j in range(SKINNY_ROWS)]
+
+        def columns(start, width, vty):
+            def body(b, state):
+                c = builder.add(start, builder.mul(b, ir.Constant(_I64, width)))
+                zeros = ir.Constant(vty, None) if width > 1 else ir.Constant(_F32, 0.0)
+
+                def step(i, accs):
+                    at = builder.add(builder.mul(i, n_), c)
+                    w = _load_vec(builder, wp, at, vty) if width > 1 else builder.load(builder.gep(wp, [at]))
+                    out_ = []
+                    for j, acc in enumerate(accs):
+                        xv = builder.load(builder.gep(xp, [builder.add(xrow[j], i)]))
+                        xs = _splat(builder, xv, vty) if width > 1 else xv
+                        out_.append(_fma(builder, xs, w, acc))
+                    return out_
+
+                accs = _block_loop(builder, zero, k_, [zeros] * SKINNY_ROWS, step)
+                for j, acc in enumerate(accs):
+                    with builder.if_then(builder.icmp_signed("<", ir.Constant(_I64, j), rows_)):
+                        at = builder.add(builder.mul(ir.Constant(_I64, j), n_), c)
+                        if width > 1:
+                            _store_vec(builder, acc, op, at)
+                        else:
+                            builder.store(acc, builder.gep(op, [at]))
+                return []
+            return body
+
+        whole = builder.sdiv(builder.sub(c1_, c0_), ir.Constant(_I64, LANES))
+        _block_loop(builder, zero, whole, [], columns(c0_, LANES, _VF))
+        tail = builder.add(c0_, builder.mul(whole, ir.Constant(_I64, LANES)))  # then one column at a time
+        _block_loop(builder, zero, builder.sub(c1_, tail), [], columns(tail, 1, _F32))
+        return context.get_dummy_value()
+
+    return types.void(out, x, wt, rows, k, n, c0, c1), codegen

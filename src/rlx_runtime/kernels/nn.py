@@ -18,8 +18,13 @@ register("MatMul", lambda xp, a, x, y: xp.matmul(x, y))
 
 @kernel("MatMul", backend="cpu")
 def _matmul_cpu(xp, a, x, y):
-    from ..threads import matmul  # split over the forward's threads
-    return matmul(x, y)
+    """Split over the forward's threads; a few rows times a weight matrix by rlx's own kernel (a small batch, an
+    LSTM step: OpenBLAS packs the whole matrix on every call)."""
+    if 2 <= x.ndim <= 3 and y.ndim == 2 and 2 <= math.prod(x.shape[:-1]) <= threads.SKINNY_MAX_ROWS:
+        out = threads.few_rows_matmul(x.reshape(-1, x.shape[-1]), y)
+        if out is not None:
+            return out.reshape(x.shape[:-1] + (y.shape[1],))
+    return threads.matmul(x, y)
 
 
 def _gemm(xp, x, y):

@@ -103,10 +103,11 @@ def _recurrent(xp, op: str, a: dict, x, w, r, rest):
         ct = None if op != "LSTM" else opt["initial_c"][d] if "initial_c" in opt else xp.zeros((batch, h), dt)
         peep = opt.get("P")
         step_fn = {"LSTM": _lstm_step, "GRU": _gru_step, "RNN": _rnn_step}[op]
+        rd = _step_weights(xp, r[d])
         for s in range(seq):
             if lens is None:
                 t = seq - 1 - s if reverse else s
-                h_new, c_new = step_fn(xp, a, xw[t], ht, ct, r[d], rb, peep[d] if peep is not None else None,
+                h_new, c_new = step_fn(xp, a, xw[t], ht, ct, rd, rb, peep[d] if peep is not None else None,
                                        acts[d], clip, h)
                 out[t, d] = h_new
                 ht, ct = h_new, c_new
@@ -114,7 +115,7 @@ def _recurrent(xp, op: str, a: dict, x, w, r, rest):
             valid = s < lens  # entries still inside their sequence
             t_b = np.where(valid, (lens - 1 - s) if reverse else s, 0)
             xt = xw[xp.asarray(t_b), rows]
-            h_new, c_new = step_fn(xp, a, xt, ht, ct, r[d], rb, peep[d] if peep is not None else None, acts[d],
+            h_new, c_new = step_fn(xp, a, xt, ht, ct, rd, rb, peep[d] if peep is not None else None, acts[d],
                                    clip, h)
             keep = xp.asarray(valid)[:, None]
             ht = xp.where(keep, h_new, ht)
@@ -134,10 +135,35 @@ def _matmul(xp, a, b):
 
 
 def _rec(xp, hs, r):
-    """hs @ r.T for a step's few rows of state, computed as (r @ hs.T).T: OpenBLAS packs the long operand of a
-    GEMM with few rows, and r's rows are already the packed layout's (8x256 @ 256x1024: 87 us this way, 175 us
-    the other)."""
+    """hs @ r.T for a step's few rows of state. `r` is (gates*hidden, hidden), or on the CPU its transpose made
+    contiguous once per call (`_step_weights`), which the MatMul kernel multiplies by rlx's few-rows kernel.
+    Otherwise computed as (r @ hs.T).T: OpenBLAS packs the long operand of a GEMM with few rows, and r's rows are
+    already the packed layout's (8x256 @ 256x1024: 87 us this way, 175 us the other)."""
+    if isinstance(r, _Transposed):
+        return _matmul(xp, hs, r.t)
     return _matmul(xp, r, hs.T).T
+
+
+class _Transposed:
+    """A recurrence weight held as its contiguous transpose; a slice of its rows is a contiguous copy of the
+    transpose's columns, made once (GRU's steps slice the same rows every step)."""
+
+    def __init__(self, t):
+        self.t = t
+        self._slices: dict = {}
+
+    def __getitem__(self, rows: slice) -> _Transposed:
+        key = (rows.start, rows.stop)
+        if key not in self._slices:
+            self._slices[key] = _Transposed(np.ascontiguousarray(self.t[:, rows]))
+        return self._slices[key]
+
+
+def _step_weights(xp, r):
+    """The weight the steps multiply by: on the CPU (float32) its transpose, contiguous (see _rec)."""
+    if backend_of(xp).host_arrays and r.dtype == np.float32:
+        return _Transposed(np.ascontiguousarray(r.T))
+    return r
 
 
 def _clip(xp, v, clip):
