@@ -155,6 +155,22 @@ MUTANTS = [
     Mutant("simd_dot_skips_the_remainder", "the blocks after the last whole scale group are summed too",
            (("rlx_runtime/simd.py", "_block_loop(builder, rest, nb, state", "_block_loop(builder, rest, rest, state"),),
            ("test_simd_kernels.py",)),
+    Mutant("pool_finished_not_reset", "each native job counts its own finished chunks",
+           (("rlx_runtime/pool_kernels.py", "    _store(ctrl, FINISHED, 0)\n", ""),),
+           ("test_pool.py",)),
+    Mutant("pool_workers_idle", "workers take chunks of native jobs",
+           (("rlx_runtime/pool_kernels.py", "        ran = _take_chunks(ctrl, ti, tf, starts)", "        ran = 0"),),
+           ("test_pool.py",)),
+    Mutant("steps_forget_their_operands", "a native step keeps the arrays its row points into alive",
+           (("rlx_runtime/threads.py", "self.keep += (a, b, out)  # the row holds only their addresses", "pass"),),
+           ("test_pool.py",)),
+    Mutant("skinny_tail_from_the_start", "the few-rows GEMM's last columns start after the whole vectors",
+           (("rlx_runtime/simd.py", "[], columns(tail, 1, _F32))", "[], columns(c0_, 1, _F32))"),),
+           ("test_pool.py",)),
+    Mutant("dense_taps_one_channel", "a dense tap conv sums over every input channel's phases",
+           (("rlx_runtime/conv_taps.py", "offsets = np.array([ci * stride + k for ci",
+             "offsets = np.array([0 * ci + k for ci"),),
+           ("test_conv_paths.py",)),
 ]
 
 
@@ -177,8 +193,14 @@ def _pytest(src: Path, cache: Path, tests: tuple[str, ...]) -> tuple[int, str]:
     env = dict(os.environ, PYTHONPATH=str(src), NUMBA_CACHE_DIR=str(cache), CI="1", PYTHONDONTWRITEBYTECODE="1")
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-rf", "-p", "no:cacheprovider", "-m", "not slow and not cuda",
            *[f"tests/{t}" for t in tests]]
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    try:
+        r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=_TIMEOUT_S)
+    except subprocess.TimeoutExpired:  # a mutant that hangs a test (a pool that never finishes) is caught too
+        return 1, f"FAILED timed out after {_TIMEOUT_S} s (a hang)"
     return r.returncode, r.stdout + r.stderr
+
+
+_TIMEOUT_S = 600
 
 
 def _killed_by(output: str) -> str:

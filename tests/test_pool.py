@@ -85,7 +85,30 @@ def _accumulating_job(count: int, out: np.ndarray, eye: np.ndarray, native: bool
         steps.run()
 
 
+def _within(seconds: float, fn) -> None:
+    """fn() on another thread; fail (instead of hanging the run) if it has not returned in time."""
+    error = []
+
+    def run():
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            error.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        pytest.fail(f"did not finish in {seconds} s: a job that never completes")
+    if error:
+        raise error[0]
+
+
 def test_back_to_back_jobs_run_every_chunk_exactly_once():
+    _within(120, _back_to_back_jobs)
+
+
+def _back_to_back_jobs():
     eye = np.eye(4, dtype=np.float32)
     rng = np.random.default_rng(3)
     with threadpool_limits(2, "blas"), forward_threads():

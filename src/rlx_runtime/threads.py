@@ -251,8 +251,10 @@ class _Pool:
         self.starts[:count + 1] = starts
         self.post(KIND_NATIVE, count)
         if not k.run_and_wait(self.ctrl, self.ints, self.floats, self.starts, count, _polls):
-            while self.ctrl[FINISHED] != count:  # a worker's chunk is still running: poll asleep
+            while self.ctrl[FINISHED] < count:  # a worker's chunk is still running: poll asleep
                 time.sleep(20e-6)
+            if self.ctrl[FINISHED] != count:  # never, unless the pool's own bookkeeping is broken
+                raise RuntimeError(f"worker pool: {self.ctrl[FINISHED]} chunks finished of a {count}-chunk job")
 
 
 _SPIN_SECONDS = 2e-3  # how long an idle worker (or a caller waiting for the last chunk) polls before sleeping
