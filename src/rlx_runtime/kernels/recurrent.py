@@ -174,6 +174,11 @@ def _lstm_step(xp, a, xt, h_prev, c_prev, r, rb, peep, acts, clip, h):
     f, g, hf = acts
     z = xt + _rec(xp, h_prev, r)
     zi, zo, zf, zc = (z[:, k * h:(k + 1) * h] for k in range(4))  # ONNX gate order i, o, f, c
+    if peep is None and not a["input_forget"]:  # i, o, f through f in one call (it is elementwise)
+        s = f(_clip(xp, z[:, :3 * h], clip))
+        i, o, fg = s[:, :h], s[:, h:2 * h], s[:, 2 * h:]
+        c = fg * c_prev + i * g(_clip(xp, zc, clip))
+        return o * hf(c), c
     if peep is not None:
         zi = zi + peep[:h] * c_prev
         zf = zf + peep[2 * h:] * c_prev
