@@ -108,6 +108,27 @@ def _unfused(graph, monkeypatch):
         return Session().compile(graph)
 
 
+def _assert_fused_gives_the_unfused_bits(graph, xs, threads, monkeypatch) -> None:
+    """The graph's Conv + activation compiles to one FusedConv whose values, NaN and -Inf inputs included, are
+    the unfused ops' bit for bit at `threads` threads."""
+    fused, ref = Session().compile(graph), _unfused(graph, monkeypatch)
+    assert [n.op for n in fused.graph.nodes] == ["FusedConv"]
+    x = RNG.standard_normal(xs).astype(np.float32)
+    x.reshape(-1)[::29] = np.nan
+    x.reshape(-1)[3::31] = -np.inf
+    with threadpool_limits(threads, "blas"):
+        np.testing.assert_array_equal(fused.run({"x": x})["act"], ref.run({"x": x})["act"])
+
+
+def _assert_one_and_two_threads_agree(compiled, xs) -> None:
+    x = RNG.standard_normal(xs).astype(np.float32)
+    with threadpool_limits(1, "blas"):
+        one = compiled.run({"x": x})["conv"]
+    with threadpool_limits(2, "blas"):
+        two = compiled.run({"x": x})["conv"]
+    np.testing.assert_array_equal(two, one)
+
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 @pytest.mark.parametrize("act", ["Silu", "Relu", "Sigmoid"])
 @pytest.mark.parametrize("threads", [1, 2])
@@ -195,6 +216,25 @@ DEPTHWISE = [
 ]
 
 
+def _assert_taps_summed_in_order(x, w, attrs) -> None:
+    """The CPU conv of x and w equals, bit for bit, its products added in (input channel, ky, kx) order from 0.0
+    in float32, written out in numpy over the zero-padded input (a depthwise conv: one channel per output)."""
+    a = {"strides": [1, 1], "dilations": [1, 1], "pads": [0, 0, 0, 0], **attrs}
+    got = nn._conv_nobias_cpu(a, x, w)
+    (sh, sw), (dh, dw), p = a["strides"], a["dilations"], a["pads"]
+    xp = np.pad(x, ((0, 0), (0, 0), (p[0], p[2]), (p[1], p[3])))
+    oh, ow = got.shape[2:]
+    dense = a["group"] == 1
+    want = np.zeros_like(got)
+    for c in range(x.shape[1] if dense else 1):
+        chans = slice(c, c + 1) if dense else slice(None)  # dense: channel c for every output
+        for ky in range(w.shape[2]):
+            for kx in range(w.shape[3]):
+                win = xp[:, chans, ky * dh:ky * dh + sh * (oh - 1) + 1:sh, kx * dw:kx * dw + sw * (ow - 1) + 1:sw]
+                want += w[:, c, ky, kx][None, :, None, None] * win
+    np.testing.assert_array_equal(got, want)
+
+
 def _depthwise(xs, k, attrs):
     c = xs[1]
     return (RNG.standard_normal((c, 1, *k)).astype(np.float32), RNG.standard_normal(c).astype(np.float32),
@@ -219,18 +259,7 @@ def test_depthwise_sums_the_taps_in_order(xs, k, attrs, depthwise_calls):
     """Every output is the taps' products added in (ky, kx) order from 0.0, in float32: the same bits as that
     sum written out in numpy over the zero-padded input."""
     w, _, attrs = _depthwise(xs, k, attrs)
-    x = RNG.standard_normal(xs).astype(np.float32)
-    a = {"strides": [1, 1], "dilations": [1, 1], "pads": [0, 0, 0, 0], **attrs}
-    got = nn._conv_nobias_cpu(a, x, w)
-    (sh, sw), (dh, dw), p = a["strides"], a["dilations"], a["pads"]
-    xp = np.pad(x, ((0, 0), (0, 0), (p[0], p[2]), (p[1], p[3])))
-    oh, ow = got.shape[2:]
-    want = np.zeros_like(got)
-    for ky in range(k[0]):
-        for kx in range(k[1]):
-            win = xp[:, :, ky * dh:ky * dh + sh * (oh - 1) + 1:sh, kx * dw:kx * dw + sw * (ow - 1) + 1:sw]
-            want += w[:, 0, ky, kx][None, :, None, None] * win
-    np.testing.assert_array_equal(got, want)
+    _assert_taps_summed_in_order(RNG.standard_normal(xs).astype(np.float32), w, attrs)
     assert depthwise_calls
 
 
@@ -244,27 +273,14 @@ def test_depthwise_fused_equals_unfused(act, threads, depthwise_calls, split_sma
     xin = g.input("x", "f32", list(xs))
     y = g.op("Conv", xin, g.constant(w, name="w"), g.constant(b, name="b"), name="conv", **attrs)
     g.output(g.op(act, y, name="act", **({"min": -0.5, "max": 0.5} if act == "Clip" else {})))
-    graph = g.build()
-    fused, ref = Session().compile(graph), _unfused(graph, monkeypatch)
-    assert [n.op for n in fused.graph.nodes] == ["FusedConv"]
-    x = RNG.standard_normal(xs).astype(np.float32)
-    x.reshape(-1)[::29] = np.nan
-    x.reshape(-1)[3::31] = -np.inf
-    with threadpool_limits(threads, "blas"):
-        np.testing.assert_array_equal(fused.run({"x": x})["act"], ref.run({"x": x})["act"])
+    _assert_fused_gives_the_unfused_bits(g.build(), xs, threads, monkeypatch)
     assert depthwise_calls
 
 
 def test_depthwise_two_threads_give_the_same_bits(depthwise_calls, split_small):
     xs = (1, 64, 30, 30)
     w, b, attrs = _depthwise(xs, (3, 3), {"pads": [1, 1, 1, 1]})
-    c = Session().compile(_rlx_conv(xs, w, b, attrs))
-    x = RNG.standard_normal(xs).astype(np.float32)
-    with threadpool_limits(1, "blas"):
-        one = c.run({"x": x})["conv"]
-    with threadpool_limits(2, "blas"):
-        two = c.run({"x": x})["conv"]
-    np.testing.assert_array_equal(two, one)
+    _assert_one_and_two_threads_agree(Session().compile(_rlx_conv(xs, w, b, attrs)), xs)
 
 
 @pytest.mark.parametrize("ws,group,dtype,taken", [
@@ -304,19 +320,7 @@ def test_dense_taps_sum_channels_then_taps_in_order(xs, ws, attrs, dense_calls):
     """Every output is its products added in (channel, ky, kx) order from 0.0, in float32: the same bits as
     that sum written out in numpy over the zero-padded input."""
     w = RNG.standard_normal(ws).astype(np.float32)
-    x = RNG.standard_normal(xs).astype(np.float32)
-    a = {"strides": [1, 1], "dilations": [1, 1], "pads": [0, 0, 0, 0], "group": 1, **attrs}
-    got = nn._conv_nobias_cpu(a, x, w)
-    (sh, sw), (dh, dw), p = a["strides"], a["dilations"], a["pads"]
-    xp = np.pad(x, ((0, 0), (0, 0), (p[0], p[2]), (p[1], p[3])))
-    oh, ow = got.shape[2:]
-    want = np.zeros_like(got)
-    for c in range(xs[1]):
-        for ky in range(ws[2]):
-            for kx in range(ws[3]):
-                win = xp[:, c:c + 1, ky * dh:ky * dh + sh * (oh - 1) + 1:sh, kx * dw:kx * dw + sw * (ow - 1) + 1:sw]
-                want += w[:, c, ky, kx][None, :, None, None] * win
-    np.testing.assert_array_equal(got, want)
+    _assert_taps_summed_in_order(RNG.standard_normal(xs).astype(np.float32), w, {"group": 1, **attrs})
     assert dense_calls
 
 
@@ -336,14 +340,7 @@ def test_dense_taps_fused_equals_unfused(act, threads, dense_calls, split_small,
         g.output(g.op("Mul", y, t, name="act"))
     else:
         g.output(g.op(act, y, name="act"))
-    graph = g.build()
-    fused, ref = Session().compile(graph), _unfused(graph, monkeypatch)
-    assert [n.op for n in fused.graph.nodes] == ["FusedConv"]
-    x = RNG.standard_normal(xs).astype(np.float32)
-    x.reshape(-1)[::29] = np.nan
-    x.reshape(-1)[3::31] = -np.inf
-    with threadpool_limits(threads, "blas"):
-        np.testing.assert_array_equal(fused.run({"x": x})["act"], ref.run({"x": x})["act"])
+    _assert_fused_gives_the_unfused_bits(g.build(), xs, threads, monkeypatch)
     assert dense_calls
 
 
@@ -351,12 +348,7 @@ def test_dense_taps_two_threads_give_the_same_bits(dense_calls, split_small):
     xs, ws = (2, 3, 64, 60), (24, 3, 3, 3)
     c = Session().compile(_rlx_conv(xs, RNG.standard_normal(ws).astype(np.float32),
                                     RNG.standard_normal(24).astype(np.float32), {"pads": [1, 1, 1, 1]}))
-    x = RNG.standard_normal(xs).astype(np.float32)
-    with threadpool_limits(1, "blas"):
-        one = c.run({"x": x})["conv"]
-    with threadpool_limits(2, "blas"):
-        two = c.run({"x": x})["conv"]
-    np.testing.assert_array_equal(two, one)
+    _assert_one_and_two_threads_agree(c, xs)
     assert dense_calls
 
 
