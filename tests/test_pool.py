@@ -304,3 +304,49 @@ def test_matmul_ops_and_lstm_steps_take_the_few_rows_kernel(monkeypatch, tmp_pat
     assert calls == [(8, hid)] * seq  # one per step
     want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": xv})[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------ numba's parallel kernels inside a forward
+
+
+def test_numba_parallel_kernels_run_on_the_forwards_thread_count():
+    from rlx_runtime.numba_parallel import parallel_call
+
+    before = numba.get_num_threads()
+    seen = []
+    for n in (1, 2):
+        with threadpool_limits(n, "blas"), forward_threads():
+            parallel_call(lambda: seen.append(numba.get_num_threads()))
+    parallel_call(lambda: seen.append(numba.get_num_threads()))  # outside a forward: numba's own setting
+    assert seen == [1, min(2, numba.config.NUMBA_NUM_THREADS), before]
+    assert numba.get_num_threads() == before
+
+
+def test_a_numba_parallel_kernel_sends_the_polling_workers_to_sleep(split_small, monkeypatch):
+    from rlx_runtime.numba_parallel import parallel_call
+    from rlx_runtime.pool_layout import YIELD
+
+    a, b = _f(600, 128), _f(128, 300)
+    monkeypatch.setattr(threads, "_polls", 1 << 50)  # idle workers would poll for days: only YIELD stops them
+    with threadpool_limits(2, "blas"), forward_threads():
+        for _ in range(3):  # (a worker asleep from before wakes here and polls on with the long budget)
+            matmul(a, b)
+            time.sleep(0.01)
+        pool = threads._pool
+        time.sleep(0.05)
+        assert pool.sleeping == 0  # still polling
+        parallel_call(lambda: None)
+        for _ in range(200):
+            if pool.sleeping == pool.size:
+                break
+            time.sleep(0.005)
+        assert pool.sleeping == pool.size and pool.ctrl[YIELD] == 1
+        before = _worked()
+        for _ in range(20):  # the next jobs wake them again
+            got = matmul(a, b)
+            if _worked() > before:
+                break
+        assert _worked() > before and pool.ctrl[YIELD] == 0
+        parallel_call(lambda: None)  # and to sleep again, before _polls is restored
+    with threadpool_limits(1, "blas"):
+        np.testing.assert_allclose(got, a @ b, rtol=1e-5, atol=1e-4)

@@ -28,7 +28,7 @@ from rlx_format.numba_setup import numba
 
 from .conv_kernels import bias_act_block, tap_planes
 from .pool_layout import (FINISHED, KIND, KIND_NATIVE, NEXT, ROW_BIAS_ACT, ROW_GEMM, ROW_GEMV, ROW_SKINNY, ROW_TAPS,
-                          WORKED)
+                          WORKED, YIELD)
 from .simd import SKINNY_ROWS, skinny_f32
 
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86")
@@ -248,11 +248,14 @@ def _take_chunks(ctrl, ti, tf, starts):  # pragma: no cover - compiled
 @numba.njit(cache=True, nogil=True)
 def serve(ctrl, ti, tf, starts, seen, polls):  # pragma: no cover - compiled
     """A worker's loop: run each new native job's chunks; return (KIND_PYTHON or KIND_CLOSED, its generation)
-    for a job only Python can run or a closed pool, (-1, last generation) after `polls` polls with no new job."""
+    for a job only Python can run or a closed pool, (-1, last generation) after `polls` polls with no new job or
+    once ctrl[YIELD] is set."""
     idle = 0
     while idle < polls:
         gen = _load(ctrl, NEXT) >> GEN_SHIFT
         if gen == seen:
+            if _load(ctrl, YIELD):  # the cores are wanted elsewhere: sleep now
+                return -1, seen
             idle += 1
             _pause()
             continue
@@ -271,6 +274,7 @@ def serve(ctrl, ti, tf, starts, seen, polls):  # pragma: no cover - compiled
 def post(ctrl, gen, count, kind):  # pragma: no cover - compiled
     """Publish job `gen` (its table rows written before this call) of `count` chunks."""
     _store(ctrl, FINISHED, 0)
+    _store(ctrl, YIELD, 0)
     _store(ctrl, KIND, kind)
     _store(ctrl, NEXT, (gen << GEN_SHIFT) | (count << COUNT_SHIFT))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 # control words (int64 indices), a cache line apart (a worker polling NEXT shares no line with FINISHED)
 NEXT, FINISHED, KIND, WORKED = 0, 8, 16, 24  # WORKED: chunks the workers ran (for tests and reports)
+YIELD, CTRL_SIZE = 32, 40  # YIELD: idle workers stop polling (a numba parallel kernel wants the cores)
 KIND_NATIVE, KIND_PYTHON, KIND_CLOSED = 0, 1, 2
 # table rows: column 0 is the kind; the columns of each, then its floats
 ROW_GEMM, ROW_GEMV, ROW_BIAS_ACT, ROW_TAPS, ROW_SKINNY = 1, 2, 3, 4, 5

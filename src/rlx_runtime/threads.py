@@ -38,7 +38,10 @@ from functools import partial
 
 import numpy as np
 
-from .pool_layout import (FINISHED, FLOAT_COLUMNS, INT_COLUMNS, KIND_CLOSED, KIND_NATIVE, KIND_PYTHON)
+from .pool_layout import (CTRL_SIZE, FINISHED, FLOAT_COLUMNS, INT_COLUMNS, KIND_CLOSED, KIND_NATIVE, KIND_PYTHON,
+                          YIELD)
+from .thread_local import before_parallel
+from .thread_local import state as _local
 
 _MIN_SPLIT_WORK = 1 << 21  # multiply-adds below which one call beats the split (a few tens of us)
 _MIN_CHUNK = 16            # rows or columns per chunk
@@ -48,7 +51,6 @@ _active = 0                # forwards running (any thread); the first saves the 
 _saved = 1
 _blas: list | None = None  # the BLAS libraries rlx holds (_OpenBLAS), found once
 _pool = None              # the worker pool (_Pool), started by the first split
-_local = threading.local()
 
 
 def _after_fork_in_child() -> None:
@@ -194,7 +196,7 @@ class _Pool:
 
     def __init__(self, size: int):
         self.size = size
-        self.ctrl = np.zeros(32, np.int64)  # pool_kernels' control words
+        self.ctrl = np.zeros(CTRL_SIZE, np.int64)  # pool_kernels' control words (pool_layout.py)
         self.ints = np.zeros((_ROW_CAPACITY, INT_COLUMNS), np.int64)
         self.floats = np.zeros((_ROW_CAPACITY, FLOAT_COLUMNS), np.float64)
         self.starts = np.zeros(_CHUNK_CAPACITY + 1, np.int64)
@@ -272,6 +274,15 @@ def _kernels():
         _polls = max(1, int(pool_kernels.polls_per_second() * _SPIN_SECONDS))
         _pool_kernels = pool_kernels
     return _pool_kernels
+
+
+def _quiet_workers() -> None:
+    """Idle workers stop polling and sleep (a numba parallel kernel is about to run: numba_parallel.py)."""
+    if _pool is not None:
+        _pool.ctrl[YIELD] = 1
+
+
+before_parallel.append(_quiet_workers)
 
 
 def _pool_of(workers: int) -> _Pool:
