@@ -81,3 +81,12 @@ def run_op(op: str, inputs: list[np.ndarray], attrs: dict | None = None, consts:
             feeds[f"in{i}"] = a
     g.output(g.op(op, *names, name="out", **(attrs or {})))
     return (session or Session(Device.CPU)).compile(g.build()).run(feeds)["out"]
+
+
+def assert_same_dot_products(got, want, a, b):
+    """got and want hold the same dot products over K terms, summed in possibly different orders: each element
+    may differ by at most K * eps * sum|a_i * b_i| (the classic bound for a reordered float sum, times 2)."""
+    assert got.shape == want.shape and got.dtype == want.dtype
+    k = a.shape[-1]
+    bound = 2 * k * np.finfo(want.dtype).eps * np.matmul(np.abs(a).astype(np.float64), np.abs(b).astype(np.float64))
+    assert np.all(np.abs(got.astype(np.float64) - want) <= bound), np.max(np.abs(got.astype(np.float64) - want) - bound)

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from conftest import assert_same_dot_products
 from onnx import numpy_helper
 
 from rlx_bake import BakeOptions, bake
@@ -76,8 +77,7 @@ def test_lora_merge_folds_into_one_weight_at_compile():
     # the folded weight is contiguous (rlx's few-rows kernel: fma in order of k), the unbound one a transposed view
     # (an OpenBLAS GEMM): the same dot products summed in two orders, each within its rounding bound
     w = np.exp(((vals["w"] + vals["a"] @ vals["bb"]) * vals["s"]).T).astype(np.float64)
-    bound_ = 2 * 1024 * np.finfo(np.float32).eps * (np.abs(x).astype(np.float64) @ np.abs(w))
-    assert np.all(np.abs(got.astype(np.float64) - want) <= bound_)
+    assert_same_dot_products(got, want, x, w)
     np.testing.assert_allclose(got, x.astype(np.float64) @ w, rtol=1e-4)
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_info, threadpool_limits
 
+from conftest import assert_same_dot_products
 from rlx_runtime import threads
 from rlx_runtime.threads import forward_threads, matmul, run_chunks, threads_in_use
 
@@ -22,15 +23,6 @@ def _blas_threads() -> int:
 
 
 R = np.random.default_rng(0)
-
-
-def _assert_same_dot_products(got, want, a, b):
-    """got and want hold the same dot products over K terms, summed in possibly different orders: each element
-    may differ by at most K * eps * sum|a_i * b_i| (the classic bound for a reordered float sum, times 2)."""
-    assert got.shape == want.shape and got.dtype == want.dtype
-    k = a.shape[-1]
-    bound = 2 * k * np.finfo(want.dtype).eps * np.matmul(np.abs(a).astype(np.float64), np.abs(b).astype(np.float64))
-    assert np.all(np.abs(got.astype(np.float64) - want) <= bound), np.max(np.abs(got.astype(np.float64) - want) - bound)
 
 
 def _f(*shape, dtype=np.float32):
@@ -65,7 +57,7 @@ def test_split_matmul_equals_numpy(case, n):
     with threadpool_limits(limits=n, user_api="blas"), forward_threads():
         assert threads_in_use() == n
         got = matmul(a, b)
-    _assert_same_dot_products(got, want, a, b)
+    assert_same_dot_products(got, want, a, b)
 
 
 def test_int_and_mixed_dtypes_fall_back_to_numpy():
@@ -192,7 +184,7 @@ def test_the_epilogue_sees_every_block_once(case):
         want = np.matmul(a, b) + row_bias[:, None]
     with threadpool_limits(limits=2, user_api="blas"), forward_threads():
         got = matmul(a, b, epilogue)
-    _assert_same_dot_products(got, want, a, b)
+    assert_same_dot_products(got, want, a, b)
     assert sum((b1 - b0) * (r1 - r0) * (c1 - c0) for b0, b1, r0, r1, c0, c1 in seen) == want.size
     assert (len(seen) > 1) == (case != "small (not split)")
 

@@ -72,7 +72,7 @@ def bias_act_block(y, b0, b1, r0, r1, c0, c1, groups, bias, has_bias, act, alpha
 class BiasActivation:
     """The epilogue threads.matmul runs on each finished block of a conv's float32 GEMM output (B, M, N): Conv's
     bias, then the activation, in place (matrix b holds group b % groups of one image). Called in Python, or
-    described as a table row (`row`) for the worker pool's compiled loop (pool_kernels.py)."""
+    written as a table row (`put`) for the worker pool's compiled loop (pool_kernels.py)."""
 
     def __init__(self, bias: np.ndarray | None, activation: str, alpha: float, lo: float | None, hi: float | None,
                  groups: int = 1, beta: float = 0.5):
@@ -104,7 +104,7 @@ def bias_activation(bias: np.ndarray | None, activation: str, alpha: float, lo: 
     return BiasActivation(bias, activation, alpha, lo, hi, groups, beta)
 
 
-# Tap convs (conv_depthwise.py): depthwise 2-D convs (group == channels == outputs), and dense convs with few
+# Tap convs (conv_taps.py): depthwise 2-D convs (group == channels == outputs), and dense convs with few
 # taps in all (input channels x kernel, as an RGB stem's 27). im2col made a depthwise conv one 1-row GEMM per
 # channel (8x slower than onnxruntime) and a stem a GEMM with a 27-long inner dimension (OpenBLAS's weakest
 # shape) after a strided copy. Each input channel is split into stride phases (phase (p, q) holds rows p::sh,

@@ -48,7 +48,7 @@ def taps2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp,
 
     n, c, h, wd = x.shape
     o, kh, kw = w.shape[0], w.shape[2], w.shape[3]
-    dense = w.shape[1] == c and not (c == o and w.shape[1] == 1)
+    dense = not (w.shape[1] == 1 and o == c)  # depthwise: one input channel per output
     (sh, sw), (dh, dw) = strides, dil
     oh, ow = out_sp
     hp, wp = h + pads[0] + pads[2], wd + pads[1] + pads[3]
@@ -82,9 +82,10 @@ def taps2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp,
     work = o * len(offsets) * oh * wq
     edges = chunk_edges(o, threads_for(n * work), min_chunk=8)
     with Steps(n * len(edges) * (1 if epilogue is None else 2), epilogue is None or hasattr(epilogue, "put")) as steps:
+        steps.keep += (phases, taps, offsets, y)  # the rows hold only their addresses
         for c0, c1 in zip(edges, edges[1:]):
             grid = np.empty(size, np.float32)  # the chunk's scratch
-            steps.keep += (grid, phases, taps, offsets, y)
+            steps.keep.append(grid)
             for b in range(n):
                 if steps.native:
                     k, ints, _, r = steps.tables()

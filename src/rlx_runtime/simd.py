@@ -331,7 +331,8 @@ def taps_f32(typingctx, dst, at, src, start, count, weights, offsets):
     """dst[at + i] = sum over t of weights[t] * src[start + offsets[t] + i], for i < count: the taps summed in
     order from 0.0, each as a separate multiply and add (no fma), in registers, TAP_CHAINS vectors of 32 lanes at
     a time (then one vector, then one element at a time). The depthwise conv's inner loop: a pass per tap over a
-    buffer was bound by its stores, one vector at a time by the add latency (2x slower)."""
+    buffer was bound by its stores, one vector at a time by the add latency (a 240-channel 5x5 conv: 64 us, 48 us
+    this way)."""
     ints = all(isinstance(v, types.Integer) for v in (at, start, count))
     if not (_is_f32(dst) and _is_f32(src) and ints and _is_f32(weights) and _is_i64(offsets)):
         return None

@@ -206,7 +206,7 @@ class _Pool:
         for _ in range(size):
             threading.Thread(target=self._work, name="rlx", daemon=True).start()
 
-    def post(self, kind: int, count: int = 0, job: _Job | None = None) -> int:
+    def post(self, kind: int, count: int = 0, job: _Job | None = None) -> None:
         """Publish a job (a native one's table rows already written); wake sleeping workers."""
         self.gen = (self.gen + 1) % (1 << 19)
         self.kind, self.job = kind, job
@@ -216,7 +216,6 @@ class _Pool:
         if self.sleeping:
             with self.cond:
                 self.cond.notify_all()
-        return self.gen
 
     def close(self) -> None:
         self.post(KIND_CLOSED)
@@ -297,7 +296,8 @@ def _pool_of(workers: int) -> _Pool:
 
 class Steps:
     """A job of chunks, each a list of steps one thread runs in order: single-threaded cblas GEMMs and GEMVs,
-    the conv epilogue, the depthwise kernel. Use as `with Steps(rows) as steps: ...add steps...; steps.run()`.
+    the conv epilogue, the tap kernel, the few-rows GEMM. Use as `with Steps(rows) as steps: ...add steps...;
+    steps.run()`.
 
     Native (numba loaded, more than one thread, the pool free, every step float32 and of a kind pool_kernels
     runs): each step is written as a row of the pool's tables by a compiled helper (no Python object per step;
@@ -408,28 +408,34 @@ def _wide() -> int:
     return int(_blas_controllers()[0].wide)
 
 
+@contextlib.contextmanager
+def _inside_a_chunk() -> Iterator[None]:
+    """This thread sees one thread meanwhile: work inside a chunk never splits again."""
+    outer = getattr(_local, "threads", None)
+    _local.threads = 1
+    try:
+        yield
+    finally:
+        _local.threads = outer
+
+
 def run_chunks(count: int, fn: Callable[[int], None]) -> None:
     """fn(0) .. fn(count - 1), pulled by the caller and up to threads_in_use() - 1 workers; the first
     exception is raised here after every taken chunk has finished. Inside a chunk nothing splits again, on
     the caller as on the workers (so a chunk's result does not depend on which thread ran it)."""
     threads = threads_in_use()
-    outer = getattr(_local, "threads", None)
     if min(threads, count) <= 1 or not _busy.acquire(blocking=False):
-        _local.threads = 1
-        try:
+        with _inside_a_chunk():
             for i in range(count):
                 fn(i)
-        finally:
-            _local.threads = outer
         return
     job = _Job(fn, count)
-    _local.threads = 1
     try:
-        _pool_of(threads - 1).post(KIND_PYTHON, job=job)
-        job.pull()
-        job.wait()
+        with _inside_a_chunk():
+            _pool_of(threads - 1).post(KIND_PYTHON, job=job)
+            job.pull()
+            job.wait()
     finally:
-        _local.threads = outer
         _busy.release()
     if job.errors:
         raise job.errors[0]

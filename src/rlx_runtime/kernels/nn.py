@@ -27,7 +27,7 @@ def _matmul_cpu(xp, a, x, y):
     return threads.matmul(x, y)
 
 
-def _gemm(xp, x, y):
+def backend_matmul(xp, x, y):
     """The backend's MatMul kernel, for the GEMMs inside other kernels (Conv, attention)."""
     return backend_of(xp).kernel("MatMul")(xp, {}, x, y)
 
@@ -170,7 +170,7 @@ def conv_nobias(xp, a, x, w, epilogue=None):
     wg = w.reshape(g, o // g, (c // g) * math.prod(k))
     wg = wg[0] if g == 1 else wg
     if epilogue is None:
-        y = _gemm(xp, wg, cols)
+        y = backend_matmul(xp, wg, cols)
     else:
         from ..threads import matmul
         y = matmul(wg, cols, epilogue)
@@ -375,7 +375,7 @@ def _groupnorm(xp, a, x, scale, bias):
 def _sdpa(xp, a, q, k, v, mask=None):
     t = q.dtype.type
     scale = a["scale"] if a["scale"] is not None else 1.0 / math.sqrt(q.shape[-1])
-    s = _gemm(xp, q * t(scale), xp.swapaxes(k, -1, -2))  # scale the (smaller) q, not the scores
+    s = backend_matmul(xp, q * t(scale), xp.swapaxes(k, -1, -2))  # scale the (smaller) q, not the scores
     lq, lk = q.shape[-2], k.shape[-2]
     neg_inf = t(-np.inf)
     if a["causal"]:
@@ -387,7 +387,7 @@ def _sdpa(xp, a, q, k, v, mask=None):
     xp.exp(s, out=s)
     den = xp.sum(s, axis=-1, keepdims=True)
     s /= xp.where(den == 0, t(1), den)  # fully masked rows give zeros, not NaN
-    return _gemm(xp, s, v)
+    return backend_matmul(xp, s, v)
 
 
 _SDPA_BLOCK_BYTES = 1 << 18  # scores per block: a block's softmax passes stay in the core's L2

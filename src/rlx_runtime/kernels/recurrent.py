@@ -14,6 +14,7 @@ import numpy as np
 from rlx_format.ops.infer_rnn import DEFAULT_ACTIVATIONS, GATES, STATES
 
 from ..backend import backend_of, host_ints, special
+from .nn import backend_matmul
 from .registry import kernel
 
 # activation -> (uses alpha, uses beta, default alpha, default beta)
@@ -96,7 +97,7 @@ def _recurrent(xp, op: str, a: dict, x, w, r, rest):
         rb = bias[d, g * h:] if bias is not None else None
         # [seq, batch, gates*hidden]: the whole sequence's input projection as one 2-D GEMM (a 3-D matmul ran
         # one small GEMM per step: 14 ms of a 64-step LSTM layer that takes 2 ms this way)
-        xw = _matmul(xp, x.reshape(seq * batch, -1), w[d].T).reshape(seq, batch, -1)
+        xw = backend_matmul(xp, x.reshape(seq * batch, -1), w[d].T).reshape(seq, batch, -1)
         if wb is not None:
             xw = xw + (wb if op == "GRU" else wb + rb)  # GRU adds Rbh inside the reset product
         ht = opt["initial_h"][d] if "initial_h" in opt else xp.zeros((batch, h), dt)
@@ -129,19 +130,14 @@ def _recurrent(xp, op: str, a: dict, x, w, r, rest):
     return out
 
 
-def _matmul(xp, a, b):
-    """a @ b by the backend's MatMul kernel (on the CPU split over the forward's threads)."""
-    return backend_of(xp).kernel("MatMul")(xp, {}, a, b)
-
-
 def _rec(xp, hs, r):
     """hs @ r.T for a step's few rows of state. `r` is (gates*hidden, hidden), or on the CPU its transpose made
     contiguous once per call (`_step_weights`), which the MatMul kernel multiplies by rlx's few-rows kernel.
     Otherwise computed as (r @ hs.T).T: OpenBLAS packs the long operand of a GEMM with few rows, and r's rows are
     already the packed layout's (8x256 @ 256x1024: 87 us this way, 175 us the other)."""
     if isinstance(r, _Transposed):
-        return _matmul(xp, hs, r.t)
-    return _matmul(xp, r, hs.T).T
+        return backend_matmul(xp, hs, r.t)
+    return backend_matmul(xp, r, hs.T).T
 
 
 class _Transposed:
