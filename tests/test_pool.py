@@ -225,6 +225,90 @@ def test_without_numba_splits_run_as_python_jobs():
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
 
+# ------------------------------------------------------------------ without native hand-offs: the BLAS's threads
+
+
+def _blas_threads() -> int:
+    return threads._blas_controllers()[0].get()
+
+
+def _spy(monkeypatch, name: str) -> list[int]:
+    """Record the BLAS's thread count at each call of threads.<name>, then call it."""
+    seen, real = [], getattr(threads, name)
+
+    def spy(*args, **kwargs):
+        seen.append(_blas_threads())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(threads, name, spy)
+    return seen
+
+
+def test_without_native_hand_offs_a_large_gemm_runs_on_the_blas_threads(monkeypatch):
+    """numba not loaded: a split GEMM is one BLAS call with the BLAS at the forward's thread count (its threads
+    spin; a hand-off to rlx's sleeping workers costs a futex wake each way), then single-threaded again."""
+    monkeypatch.setattr(threads, "_kernels", lambda: None)
+    seen = _spy(monkeypatch, "_whole")
+    a, b = _f(256, 576), _f(576, 784)
+    with threadpool_limits(2, "blas"):
+        with forward_threads():
+            got = matmul(a, b)
+            assert _blas_threads() == 1
+        with threadpool_limits(1, "blas"), forward_threads():
+            want = matmul(a, b)  # one thread: not split
+        assert _blas_threads() == 2  # the caller's setting, restored when the forward ends
+    assert seen == [2, 1]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_with_native_hand_offs_the_blas_stays_single_threaded(monkeypatch):
+    seen = _spy(monkeypatch, "_whole")
+    with threadpool_limits(2, "blas"), forward_threads():
+        matmul(_f(256, 576), _f(576, 784))
+    assert seen == []  # split into single-threaded BLAS calls that rlx's workers take
+
+
+def test_blas_thread_scopes_nest_and_the_last_to_end_restores_one_thread():
+    with threadpool_limits(2, "blas"), forward_threads():
+        with threads.blas_threads(2):
+            with threads.blas_threads(2):
+                assert _blas_threads() == 2
+            assert _blas_threads() == 2  # the outer scope is still open
+            with pytest.raises(ValueError), threads.blas_threads(2):
+                raise ValueError("boom")
+            assert _blas_threads() == 2
+        assert _blas_threads() == 1
+
+
+def test_without_native_hand_offs_a_shifted_view_conv_runs_its_gemms_on_the_blas_threads(monkeypatch):
+    from rlx_runtime import conv_shifted
+
+    x, w = _f(1, 64, 56, 56), _f(64, 64, 3, 3)
+    assert conv_shifted.use_shifted(x, w, (1, 1), 1, (56, 56))
+    with threadpool_limits(1, "blas"), forward_threads():
+        want = conv_shifted.conv2d_shifted(x, w, (1, 1), (1, 1, 1, 1), (56, 56))
+    monkeypatch.setattr(threads, "_kernels", lambda: None)
+    seen = _spy(monkeypatch, "gemm_into")
+    with threadpool_limits(2, "blas"), forward_threads():
+        got = conv_shifted.conv2d_shifted(x, w, (1, 1), (1, 1, 1, 1), (56, 56))
+    assert seen == [2] * 9  # one GEMM per kernel offset over the whole output, not one per row block
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_a_gemv_splits_from_a_mebibyte_of_weights(monkeypatch):
+    """A one-row MatMul streams its matrix from memory: split from 1 MiB of it, though its multiply-adds are
+    below the GEMM split threshold."""
+    a, b = _f(1, 512), _f(512, 512)
+    assert b.size * 4 >= 1 << 20 and b.size < threads._MIN_SPLIT_WORK
+    before = _worked()
+    with threadpool_limits(2, "blas"), forward_threads():
+        for _ in range(20):
+            got = matmul(a, b)
+    assert _worked() > before  # a worker took chunks
+    assert threads.threads_for(b.size) == 1
+    np.testing.assert_allclose(got, a @ b, rtol=1e-5, atol=1e-4)
+
+
 # ------------------------------------------------------------------ the few-rows GEMM (simd.skinny_f32)
 
 FEW_ROWS = [(2, 16, 64), (5, 300, 203), (8, 256, 1024), (9, 40, 97), (16, 512, 130), (3, 17, 64)]

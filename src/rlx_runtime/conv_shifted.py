@@ -14,6 +14,7 @@ output rows may run on several threads (threads.run_chunks), each block's work n
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 
@@ -40,7 +41,7 @@ def conv2d_shifted(x: np.ndarray, w: np.ndarray, dil, pads, out_sp,
                    epilogue: Callable[..., None] | None = None) -> np.ndarray:
     """Conv without bias, stride 1: (n, c, h, w) * (o, c, kh, kw) -> fresh (n, o, ho, wo) float32. `epilogue`
     as in threads.matmul, run on each finished block of the output viewed as (n, o, ho*wo)."""
-    from .threads import chunk_edges, gemm_into, run_chunks, threads_for
+    from .threads import blas_threads, blas_threads_instead, chunk_edges, gemm_into, run_chunks, threads_for
 
     n, c, h, wd = x.shape
     o, _, kh, kw = w.shape
@@ -58,7 +59,11 @@ def conv2d_shifted(x: np.ndarray, w: np.ndarray, dil, pads, out_sp,
     y3 = y.reshape(n, o, ho * wo)
     # blocks of output rows (the GEMMs' long side): each is `rows` x Wp columns of every channel
     work = o * c * len(offsets) * span
-    edges = chunk_edges(ho, threads_for(n * work), min_chunk=max(1, -(-64 // wp)))
+    threads = threads_for(n * work)
+    scope = contextlib.nullcontext()
+    if blas_threads_instead(threads):  # the whole output's GEMMs, each on the BLAS's own threads
+        scope, threads = blas_threads(threads), 1
+    edges = chunk_edges(ho, threads, min_chunk=max(1, -(-64 // wp)))
 
     def chunk(i: int) -> None:
         y0, y1 = edges[i], edges[i + 1]
@@ -72,5 +77,6 @@ def conv2d_shifted(x: np.ndarray, w: np.ndarray, dil, pads, out_sp,
             if epilogue is not None:
                 epilogue(y3, b, b + 1, 0, o, y0 * wo, y1 * wo)
 
-    run_chunks(len(edges) - 1, chunk)
+    with scope:
+        run_chunks(len(edges) - 1, chunk)
     return y

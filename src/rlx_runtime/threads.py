@@ -5,7 +5,9 @@ at most a chunk it took).
 Why not the BLAS's threads: OpenBLAS splits each call statically and waits for every one of its threads, so
 on a shared machine a descheduled thread costs a scheduler time slice per call (measured here, 2 cores with
 other processes running: a YOLO-like forward took 22 ms with one BLAS thread and 104 ms with two), and it
-splits nothing but its own calls. Inside a forward the BLAS runs single-threaded.
+splits nothing but its own calls. Inside a forward the BLAS runs single-threaded, with one exception: until
+numba is loaded rlx's workers can only take Python jobs, each hand-off a futex wake each way plus the GIL, and
+then a large GEMM is one BLAS call on the BLAS's own threads instead (blas_threads), which wait spinning.
 
 How many threads: as many as the BLAS is set to when the forward starts (OPENBLAS_NUM_THREADS, or
 threadpoolctl's `threadpool_limits`), which is how numpy users already choose them. `threads_in_use()`
@@ -38,6 +40,7 @@ from functools import partial
 
 import numpy as np
 
+from .heap import keep_freed_memory
 from .pool_layout import (CTRL_SIZE, FINISHED, FLOAT_COLUMNS, INT_COLUMNS, KIND_CLOSED, KIND_NATIVE, KIND_PYTHON,
                           YIELD)
 from .thread_local import before_parallel
@@ -117,8 +120,10 @@ def _blas_controllers() -> list[_OpenBLAS]:
 @contextlib.contextmanager
 def forward_threads() -> Iterator[None]:
     """The scope of one CPU forward: rlx's thread count is the BLAS's setting at entry; the BLAS runs
-    single-threaded inside. Reentrant, and safe for forwards on several threads at once."""
+    single-threaded inside. Reentrant, and safe for forwards on several threads at once. The first one also keeps
+    freed heap memory mapped for the next (heap.py)."""
     global _active, _saved
+    keep_freed_memory()
     with _lock:
         if _active == 0:
             libs = _blas_controllers()
@@ -139,6 +144,39 @@ def forward_threads() -> Iterator[None]:
             if _active == 0 and _saved > 1:
                 for c in _blas_controllers():
                     c.set(_saved)
+
+
+_wide_calls = 0  # blas_threads scopes open (any thread)
+
+
+@contextlib.contextmanager
+def blas_threads(threads: int) -> Iterator[None]:
+    """Inside a forward, BLAS calls made in this scope run on the BLAS's own `threads` threads. For when rlx's
+    workers cannot take the work natively (numba not loaded, so they sleep rather than poll): each hand-off to a
+    sleeping worker then costs a futex wake each way (30-70 us here) plus the GIL, while OpenBLAS's threads wait
+    spinning. Measured at 2 threads, numba not loaded (A/B in one process): ResNet-50 103 -> 81 ms, a GPT-2
+    decoding step 28 -> 26 ms; a GEMV of 3072x768 weights from memory 575 -> 434 us. The count is process-wide:
+    the BLAS is set back to one thread when the last scope ends."""
+    global _wide_calls
+    libs = _blas_controllers()
+    with _lock:
+        _wide_calls += 1
+        for c in libs:
+            c.set(threads)
+    try:
+        yield
+    finally:
+        with _lock:
+            _wide_calls -= 1
+            if _wide_calls == 0:
+                for c in libs:
+                    c.set(1)
+
+
+def blas_threads_instead(threads: int) -> bool:
+    """Whether work split `threads` ways runs instead as whole BLAS calls on the BLAS's own threads
+    (blas_threads): when rlx's workers cannot take it natively (numba not loaded)."""
+    return threads > 1 and _kernels() is None
 
 
 def threads_in_use() -> int:
@@ -514,12 +552,22 @@ def gemm_into(a: np.ndarray, b: np.ndarray, out: np.ndarray, beta: float = 0.0) 
     _gemm_into(float_gemm(a.dtype), a, b, out, beta)
 
 
+# elements of b from which a one-row MatMul is split, though it has fewer multiply-adds than _MIN_SPLIT_WORK: a
+# GEMV streams b from memory (GPT-2's decoding step at 2 threads, its 768x2304 and 768x768 GEMVs split too:
+# 21.4 -> 20.0 ms)
+_MIN_GEMV_SPLIT = 1 << 18
+
+
 def _matmul_2d(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None) -> np.ndarray:
     m, n = a.shape[0], b.shape[1]
-    threads = threads_for(m * n * a.shape[1])
+    work = m * n * a.shape[1]
+    threads = threads_for(work) if m > 1 else threads_in_use() if work >= _MIN_GEMV_SPLIT else 1
     gemm = float_gemm(a.dtype)
     if threads <= 1 or gemm is None or a.shape[1] == 0:
         return _whole(a, b, epilogue)
+    if blas_threads_instead(threads):
+        with blas_threads(threads):
+            return _whole(a, b, epilogue)
     out = np.empty((m, n), a.dtype)
     out3 = out[None]
     gemv = m == 1 and a.dtype in _blas_controllers()[0].gemv
