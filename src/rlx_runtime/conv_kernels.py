@@ -127,3 +127,27 @@ def tap_planes(phases, taps, offsets, y, n, c0, c1, grid, wq, shared):  # pragma
         taps_f32(grid, 0, flat, 0 if shared else c * stride, size, taps[c], offsets)
         for r in range(oh):
             y[n, c, r, :] = grid[r * wq:r * wq + ow]
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def fill_phases(x, phases, sh, sw, top, left, hq, wq):  # pragma: no cover - compiled
+    """Stride phases of the zero-padded input for tap_planes: phase (p, q) of channel c, a plane of hq x wq at
+    phases[n, c, (p * sw + q) * hq * wq:], holds padded rows p::sh and columns q::sw of x (padded `top` rows
+    and `left` columns before). phases arrives zeroed; only the input's own elements are written. (As numpy
+    slice assignments this took as long as the taps themselves: its inner loop ran a few elements at a time.)"""
+    n, c, h, w = x.shape
+    plane = hq * wq
+    for p in range(sh):
+        ra, rb = max(0, -((p - top) // sh)), min(hq, -((p - top - h) // sh))  # phase rows inside the input
+        for q in range(sw):
+            ca, cb = max(0, -((q - left) // sw)), min(wq, -((q - left - w) // sw))
+            base = (p * sw + q) * plane
+            first = q + sw * ca - left  # the input column of phase column ca
+            for b in range(n):
+                for ch in range(c):
+                    for r in range(ra, rb):
+                        # unsigned indices: no negative-index wrap check, so the copy vectorizes
+                        dst = phases[b, ch, np.uint64(base + r * wq + ca):]
+                        src = x[b, ch, np.uint64(p + sh * r - top), np.uint64(first):]
+                        for j in range(np.uint64(cb - ca)):
+                            dst[j] = src[j * np.uint64(sw)]

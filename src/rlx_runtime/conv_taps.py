@@ -42,7 +42,7 @@ def taps2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp,
     * (o, c, kh, kw), group 1) -> fresh (n, o, oh, ow) float32. `epilogue` as in threads.matmul, on each finished
     block of output channels of the output viewed as a conv's GEMM result: (n, o, oh*ow) dense, (n*o, 1, oh*ow)
     depthwise."""
-    from .conv_kernels import tap_planes
+    from .conv_kernels import fill_phases, tap_planes
     from .simd import LANES
     from .threads import Steps, chunk_edges, threads_for
 
@@ -62,15 +62,7 @@ def taps2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp,
     plane = hq * wq
     stride = sh * sw * plane + LANES
     phases = np.zeros((n, c, stride), np.float32)
-    planes = phases[:, :, :sh * sw * plane].reshape(n, c, sh, sw, hq, wq)
-    for p in range(sh):
-        for q in range(sw):
-            # padded row i = p + sh*r is input row i - top; phase rows r where that lies in [0, h)
-            ra, ca = max(0, -(-(pads[0] - p) // sh)), max(0, -(-(pads[1] - q) // sw))
-            rb, cb = min(hq, -(-(h + pads[0] - p) // sh)), min(wq, -(-(wd + pads[1] - q) // sw))
-            if rb > ra and cb > ca:
-                planes[:, :, p, q, ra:rb, ca:cb] = x[:, :, p + sh * ra - pads[0]:p + sh * (rb - 1) - pads[0] + 1:sh,
-                                                     q + sw * ca - pads[1]:q + sw * (cb - 1) - pads[1] + 1:sw]
+    fill_phases(x, phases, sh, sw, pads[0], pads[1], hq, wq)
     kernel = [((ky * dh % sh) * sw + kx * dw % sw) * plane + (ky * dh // sh) * wq + kx * dw // sw
               for ky in range(kh) for kx in range(kw)]
     # dense: output o sums over input channels, then taps ((c, ky, kx) order), reading every channel's phases
