@@ -1,6 +1,6 @@
-"""The CPU speed paths: numba Sigmoid/SiLU (correctly rounded but for rare near-ties, at most 1 ulp
-from the rounded float64 sigmoid), the Mul(x, Sigmoid(x)) -> Silu fusion (bit-equal results), and the
-1x1 convolution that uses its input as the column matrix (equal to the im2col path)."""
+"""The CPU speed paths: numba Sigmoid/SiLU (float32 arithmetic, at most 2 ulp from the correctly rounded
+sigmoid), the Mul(x, Sigmoid(x)) -> Silu fusion (bit-equal results), and the 1x1 convolution that uses its
+input as the column matrix (equal to the im2col path)."""
 
 import numpy as np
 import pytest
@@ -34,16 +34,30 @@ def _samples(seed: int) -> np.ndarray:
                            np.linspace(-110, 110, 200_001, dtype=np.float32), edges])
 
 
-@pytest.mark.parametrize("seed", range(2))
-def test_sigmoid_f32_within_one_ulp_of_float64_reference(seed):
-    x = _samples(seed)
+def _ulps_from_rounded(x: np.ndarray) -> np.ndarray:
     got, ref = sigmoid(x), _reference(x)
     nan = np.isnan(x)
     assert np.isnan(got[nan]).all()
-    d = _ulps(got[~nan], ref[~nan])
-    assert d.max() <= 1
-    assert (d > 0).mean() < 1e-5  # off by one only at near-ties
     assert got[~nan].min() >= 0 and got[~nan].max() <= 1
+    d = _ulps(got[~nan], ref[~nan])
+    assert d.max() <= 2
+    return d
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_sigmoid_f32_within_two_ulp_of_the_correctly_rounded_value(seed):
+    d = _ulps_from_rounded(_samples(seed))
+    assert (d > 1).mean() < 0.01  # measured 0.13% of these samples (0.01% of all float32 in [-110, 110])
+
+
+@pytest.mark.slow
+def test_sigmoid_f32_within_two_ulp_on_a_third_of_all_floats_in_range():
+    """Every third float32 bit pattern in [-110, 110] (beyond, the result is exactly 0 or 1)."""
+    top = int(np.float32(110).view(np.int32))
+    for sign in (0, 1 << 31):
+        for start in range(0, top + 1, 3 << 22):
+            bits = np.arange(start, min(start + (3 << 22), top + 1), 3, dtype=np.uint32) | np.uint32(sign)
+            _ulps_from_rounded(bits.view(np.float32))
 
 
 def test_sigmoid_special_values():

@@ -30,11 +30,13 @@ from .conv_kernels import bias_act_block, tap_planes
 from .pool_layout import (FINISHED, KIND, KIND_NATIVE, NEXT, ROW_BIAS_ACT, ROW_GEMM, ROW_GEMV, ROW_SKINNY, ROW_TAPS,
                           WORKED, YIELD)
 from .simd import SKINNY_ROWS, skinny_f32
+from .ufuncs import EXP_TERMS
 
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86")
 _I32, _I64, _F32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
 
 GEN_SHIFT, COUNT_SHIFT, MASK = 44, 22, (1 << 22) - 1
+_EXP_TERMS = EXP_TERMS.size  # the sigmoid's polynomial, float32 (a bias-activation row holds its address)
 
 
 def _word_ptr(builder, context, aryty, ary, index):
@@ -153,13 +155,6 @@ def _f32_at(typingctx, address):
 
 
 @intrinsic
-def _f64_at(typingctx, address):
-    def codegen(context, builder, sig, args):
-        return builder.inttoptr(args[0], ir.DoubleType().as_pointer())
-    return types.CPointer(types.float64)(types.int64), codegen
-
-
-@intrinsic
 def _i64_at(typingctx, address):
     def codegen(context, builder, sig, args):
         return builder.inttoptr(args[0], _I64.as_pointer())
@@ -186,7 +181,7 @@ def _run_row(ti, tf, r):  # pragma: no cover - compiled
     elif kind == ROW_BIAS_ACT:
         y = numba.carray(_f32_at(ti[r, 1]), (ti[r, 2], ti[r, 3], ti[r, 4]))
         bias = numba.carray(_f32_at(ti[r, 12]), (ti[r, 13],))
-        terms = numba.carray(_f64_at(ti[r, 18]), (13,))
+        terms = numba.carray(_f32_at(ti[r, 18]), (_EXP_TERMS,))
         bias_act_block(y, ti[r, 5], ti[r, 6], ti[r, 7], ti[r, 8], ti[r, 9], ti[r, 10], ti[r, 11], bias,
                        ti[r, 14] != 0, ti[r, 15], np.float32(tf[r, 0]), np.float32(tf[r, 1]), ti[r, 16] != 0,
                        np.float32(tf[r, 2]), ti[r, 17] != 0, np.float32(tf[r, 3]), terms)
