@@ -178,6 +178,18 @@ MUTANTS = [
            (("rlx_runtime/conv_taps.py", "offsets = np.array([ci * stride + k for ci",
              "offsets = np.array([0 * ci + k for ci"),),
            ("test_conv_paths.py",)),
+    Mutant("heap_keeps_nothing", "freed arrays up to 32 MiB stay on the heap for the next forward",
+           (("rlx_runtime/heap.py", "MMAP_THRESHOLD = 32 << 20", "MMAP_THRESHOLD = 1 << 17"),),
+           ("test_heap.py",)),
+    Mutant("blas_threads_left_wide", "the BLAS is single-threaded again when the last blas_threads scope ends",
+           (("rlx_runtime/threads.py", "            if _wide_calls == 0:", "            if _wide_calls < 0:"),),
+           ("test_pool.py",)),
+    Mutant("phase_fill_ignores_the_stride", "the phase fill takes every sw-th input column",
+           (("rlx_runtime/conv_kernels.py", "dst[j] = src[j * np.uint64(sw)]", "dst[j] = src[j]"),),
+           ("test_conv_paths.py",)),
+    Mutant("sigmoid_scale_not_split", "a subnormal exp(-|x|) is scaled by two normal powers of two",
+           (("rlx_runtime/ufuncs.py", "k1 = k if k < 125 else np.int32(125)", "k1 = k"),),
+           ("test_speed_kernels.py",)),
 ]
 
 
