@@ -90,3 +90,10 @@ def assert_same_dot_products(got, want, a, b):
     k = a.shape[-1]
     bound = 2 * k * np.finfo(want.dtype).eps * np.matmul(np.abs(a).astype(np.float64), np.abs(b).astype(np.float64))
     assert np.all(np.abs(got.astype(np.float64) - want) <= bound), np.max(np.abs(got.astype(np.float64) - want) - bound)
+
+
+def numpy_blas_threads() -> int:
+    """numpy's BLAS thread count, as threadpoolctl reads it (scipy's own copy, when a test loaded it after rlx
+    found the BLAS, is not numpy's)."""
+    from threadpoolctl import threadpool_info
+    return next(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas" and "numpy" in i["filepath"])

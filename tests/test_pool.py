@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
+from conftest import numpy_blas_threads as _blas_threads
 from rlx_runtime import conv_taps, threads
 from rlx_runtime.conv_kernels import bias_activation
 from rlx_runtime.pool_layout import WORKED
@@ -228,10 +229,6 @@ def test_without_numba_splits_run_as_python_jobs():
 # ------------------------------------------------------------------ without native hand-offs: the BLAS's threads
 
 
-def _blas_threads() -> int:
-    return threads._blas_controllers()[0].get()
-
-
 def _spy(monkeypatch, name: str) -> list[int]:
     """Record the BLAS's thread count at each call of threads.<name>, then call it."""
     seen, real = [], getattr(threads, name)
@@ -300,13 +297,20 @@ def test_a_gemv_splits_from_a_mebibyte_of_weights(monkeypatch):
     below the GEMM split threshold."""
     a, b = _f(1, 512), _f(512, 512)
     assert b.size * 4 >= 1 << 20 and b.size < threads._MIN_SPLIT_WORK
-    before = _worked()
+    chunks, real_run = [], Steps.run
+
+    def run(steps):  # which worker takes a chunk is timing (the caller takes any not yet taken): count them posted
+        chunks.append(len(steps.starts) - 1)
+        return real_run(steps)
+
+    monkeypatch.setattr(Steps, "run", run)
     with threadpool_limits(2, "blas"), forward_threads():
-        for _ in range(20):
-            got = matmul(a, b)
-    assert _worked() > before  # a worker took chunks
+        got = matmul(a, b)
+        smaller = matmul(a[:, :256], b[:256])  # half a MiB: one call
+    assert chunks == [2]
     assert threads.threads_for(b.size) == 1
     np.testing.assert_allclose(got, a @ b, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(smaller, a[:, :256] @ b[:256], rtol=1e-5, atol=1e-4)
 
 
 # ------------------------------------------------------------------ the few-rows GEMM (simd.skinny_f32)

@@ -10,16 +10,12 @@ import time
 
 import numpy as np
 import pytest
-from threadpoolctl import threadpool_info, threadpool_limits
+from threadpoolctl import threadpool_limits
 
 from conftest import assert_same_dot_products
+from conftest import numpy_blas_threads as _blas_threads
 from rlx_runtime import threads
 from rlx_runtime.threads import forward_threads, matmul, run_chunks, threads_in_use
-
-
-def _blas_threads() -> int:
-    """numpy's BLAS (scipy's own copy, when a test loaded it after rlx found the BLAS, is not numpy's)."""
-    return next(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas" and "numpy" in i["filepath"])
 
 
 R = np.random.default_rng(0)
