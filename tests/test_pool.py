@@ -313,6 +313,50 @@ def test_a_gemv_splits_from_a_mebibyte_of_weights(monkeypatch):
     np.testing.assert_allclose(smaller, a[:, :256] @ b[:256], rtol=1e-5, atol=1e-4)
 
 
+_NO_NUMBA_RESNET = """
+import sys
+sys.modules["numba"] = None  # any import of numba fails: the forward runs without it, as a Relu CNN's does
+import numpy as np
+from threadpoolctl import threadpool_limits
+from rlx_format import read_rlx
+from rlx_runtime import Session, threads
+entered, real = [], threads.blas_threads
+threads.blas_threads = lambda n: (entered.append(n), real(n))[1]
+compiled = Session().compile(read_rlx(sys.argv[1]))
+x = np.load(sys.argv[2])
+with threadpool_limits(2, "blas"):
+    out = compiled.run({compiled.input_names[0]: x})[compiled.output_names[0]]
+assert threads._pool_kernels is None and entered and set(entered) == {2}, entered
+np.save(sys.argv[3], out)
+"""
+
+
+def test_without_numba_a_real_resnet_on_the_blas_threads_matches_onnxruntime(tmp_path):
+    """The onnx package's ResNet-50 (random weights), baked here, then read and run at 2 threads in a process
+    without numba (as a deploy script runs it): its GEMMs run on OpenBLAS's threads, and the result is
+    onnxruntime's."""
+    import onnxruntime as ort
+    from test_partial_eval import _light_resnet_with_random_weights
+
+    from rlx_bake import BakeOptions, bake
+    from rlx_bake.onnx import import_onnx
+    from rlx_format import write_rlx
+
+    path = _light_resnet_with_random_weights(tmp_path)
+    rf, _ = bake(*import_onnx(path), BakeOptions.from_profile("exact"))
+    write_rlx(tmp_path / "model.rlx", rf)
+    x = np.random.default_rng(1).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    out = subprocess.run([sys.executable, "-c", _NO_NUMBA_RESNET, str(tmp_path / "model.rlx"), str(tmp_path / "x.npy"),
+                          str(tmp_path / "out.npy")], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    ref = sess.run(None, {sess.get_inputs()[0].name: x})[0]
+    assert ref.std() > 1e-4  # not a constant softmax
+    # the tolerance test_partial_eval holds the same model to at one thread (measured 6.9e-7 there)
+    np.testing.assert_allclose(np.load(tmp_path / "out.npy"), ref, rtol=1e-5, atol=3e-6)
+
+
 # ------------------------------------------------------------------ the few-rows GEMM (simd.skinny_f32)
 
 FEW_ROWS = [(2, 16, 64), (5, 300, 203), (8, 256, 1024), (9, 40, 97), (16, 512, 130), (3, 17, 64)]
