@@ -7,6 +7,8 @@ only, groups plus a remainder, and a tiled matmul whose last tile is short.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -116,3 +118,73 @@ def test_fused_dot_propagates_nan_and_inf(enc):
     np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
     np.testing.assert_array_equal(np.isinf(out), np.isinf(ref))
     assert np.all(np.isfinite(out[2]))
+
+
+# ---------------------------------------------------------------- copy_f32 (the tap convs' row copies)
+@pytest.fixture(scope="module")
+def copy_rows():
+    from rlx_format.numba_setup import numba
+    from rlx_runtime.simd import copy_f32
+
+    @numba.njit(error_model="numpy")
+    def run(dst, at, src, start, count, step):
+        copy_f32(dst, at, src, start, count, step)
+    return run
+
+
+@pytest.mark.parametrize("step", [1, 2, 3])
+def test_copy_f32_copies_exactly_the_strided_elements(copy_rows, step):
+    """Every count up to past two 32-lane vectors (so each of the 32/16/8/4-lane steps and the element tail runs
+    alone and in combination), three source offsets: the copied elements are src[start::step][:count], and
+    nothing else in dst changes."""
+    src = R.standard_normal(400).astype(np.float32)
+    for count in range(0, 100):
+        for start in (0, 1, 7):
+            dst = np.full(120, -3.0, np.float32)
+            copy_rows(dst, 5, src, start, count, step)
+            want = np.full(120, -3.0, np.float32)
+            want[5:5 + count] = src[start::step][:count]
+            np.testing.assert_array_equal(dst, want, err_msg=f"count {count} start {start}")
+
+
+def _guarded(count: int):
+    """A float32 array of `count` elements ending exactly at a page that is neither readable nor writable (an
+    access past its end crashes), and the mapping to keep alive."""
+    import ctypes
+    import mmap
+    page = mmap.PAGESIZE
+    m = mmap.mmap(-1, 2 * page, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(m))
+    libc = ctypes.CDLL(None)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    assert libc.mprotect(base + page, page, 0) == 0
+    arr = np.frombuffer(m, np.float32, count, page - 4 * count)
+    return arr, m
+
+
+def test_copy_f32_reads_and_writes_nothing_past_the_row(copy_rows):
+    """The vector steps may only touch the elements copied: source and destination each end right before an
+    inaccessible page, so a read or write one element past them would kill the test process. (Run in a child
+    process, so that such a crash fails this test instead of pytest.)"""
+    import subprocess
+    import sys
+    here = str(Path(__file__).parent)
+    code = (
+        "import numpy as np, sys\n"
+        f"sys.path.insert(0, {here!r})\n"
+        "import test_simd_kernels as t\n"
+        "from rlx_format.numba_setup import numba\n"
+        "from rlx_runtime.simd import copy_f32\n"
+        "@numba.njit(error_model='numpy')\n"
+        "def run(dst, at, src, start, count, step):\n"
+        "    copy_f32(dst, at, src, start, count, step)\n"
+        "for step in (1, 2):\n"
+        "    for count in range(1, 80):\n"
+        "        src, m1 = t._guarded((count - 1) * step + 1)\n"
+        "        src[:] = np.arange(src.size, dtype=np.float32)\n"
+        "        dst, m2 = t._guarded(count)\n"
+        "        run(dst, 0, src, 0, count, step)\n"
+        "        assert np.array_equal(dst, src[::step]), (step, count)\n"
+        "print('ok')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-2000:])

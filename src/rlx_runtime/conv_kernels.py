@@ -12,7 +12,7 @@ import numpy as np
 
 from rlx_format.numba_setup import numba
 
-from .simd import taps_f32
+from .simd import copy_f32, taps_f32
 from .ufuncs import EXP_TERMS, sigmoid_f32_loop
 
 ACTIVATION_CODES = {"Relu": 0, "Sigmoid": 1, "Silu": 2, "LeakyRelu": 3, "Clip": 4, "HardSwish": 5}
@@ -112,42 +112,52 @@ def bias_activation(bias: np.ndarray | None, activation: str, alpha: float, lo: 
 # ox) of tap (ky, kx) is element (oy + ky*dh // sh) * Wq + ox + kx*dw // sw of phase (ky*dh % sh, kx*dw % sw).
 # The output is computed on a grid Wq wide, 32 pixels at a time with all taps summed in registers
 # (simd.taps_f32: in tap order, plain multiplies and adds, the same bits on every CPU); the first OW columns
-# of each grid row are kept.
+# of each grid row are kept. A depthwise conv fills one channel's phases at a time, into a scratch that stays in
+# cache between its fill, its taps and its rows' copy (all channels' phases first went through memory twice:
+# EfficientNet-B0's 96-channel 112x112 stride-2 conv wrote and read back 5 MB).
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def tap_planes(phases, taps, offsets, y, n, c0, c1, grid, wq, shared):  # pragma: no cover - compiled
-    """phases (N, C, P * plane + slack) f32; taps (O, T) f32; offsets (T,) int64 into a channel's phases (shared:
-    into image n's phases of every channel, as one flat buffer); y (N, O, OH, OW) written for image n, outputs
-    c0..c1 (output c reads channel c's phases, or with `shared` all of them); grid: scratch of at least OH * wq
-    floats, a whole number of 32-lane vectors (the extra outputs are dropped)."""
+def tap_planes(x, phases, taps, offsets, y, n, c0, c1, grid, wq, shared, sh, sw, top, left, hq):  # pragma: no cover
+    """y (N, O, OH, OW) written for image n, outputs c0..c1; taps (O, T) f32; offsets (T,) int64 into a channel's
+    phases; grid: scratch of at least OH * wq floats, a whole number of 32-lane vectors (the extra outputs are
+    dropped). With `shared` (dense), phases (N, C, P * plane + slack) holds every channel's phases (fill_phases)
+    and output c reads image n's phases of every channel, as one flat buffer; otherwise (depthwise) output c
+    reads channel c of x (N, C, H, W), whose phases are filled here into `phases`, one channel's worth (1, 1, P *
+    plane + slack) that arrives zeroed (each channel writes the same elements, so the padding stays zero)."""
     oh, ow = y.shape[2], y.shape[3]
     size = grid.shape[0]
-    flat = phases[n].reshape(-1)
-    stride = phases.shape[2]
+    flat = phases[n if shared else 0].reshape(-1)
+    out = y[n].reshape(-1)
     for c in range(c0, c1):
-        taps_f32(grid, 0, flat, 0 if shared else c * stride, size, taps[c], offsets)
+        if not shared:
+            fill_channel(x, n, c, flat, 0, sh, sw, top, left, hq, wq)
+        taps_f32(grid, 0, flat, 0, size, taps[c], offsets)
         for r in range(oh):
-            y[n, c, r, :] = grid[r * wq:r * wq + ow]
+            copy_f32(out, (c * oh + r) * ow, grid, r * wq, ow, 1)
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def fill_phases(x, phases, sh, sw, top, left, hq, wq):  # pragma: no cover - compiled
-    """Stride phases of the zero-padded input for tap_planes: phase (p, q) of channel c, a plane of hq x wq at
-    phases[n, c, (p * sw + q) * hq * wq:], holds padded rows p::sh and columns q::sw of x (padded `top` rows
-    and `left` columns before). phases arrives zeroed; only the input's own elements are written. (As numpy
-    slice assignments this took as long as the taps themselves: its inner loop ran a few elements at a time.)"""
-    n, c, h, w = x.shape
+def fill_channel(x, b, ch, dst, at, sh, sw, top, left, hq, wq):  # pragma: no cover - compiled
+    """Stride phases of channel ch of image b of the zero-padded input, into dst from element `at`: phase (p, q),
+    a plane of hq x wq at (p * sw + q) * hq * wq, holds padded rows p::sh and columns q::sw of x (padded `top` rows
+    and `left` columns before). Only the input's own elements are written (the padding's stay as they are)."""
+    h, w = x.shape[2], x.shape[3]
+    src = x[b, ch].reshape(-1)
     plane = hq * wq
     for p in range(sh):
         ra, rb = max(0, -((p - top) // sh)), min(hq, -((p - top - h) // sh))  # phase rows inside the input
         for q in range(sw):
             ca, cb = max(0, -((q - left) // sw)), min(wq, -((q - left - w) // sw))
-            base = (p * sw + q) * plane
+            base = at + (p * sw + q) * plane
             first = q + sw * ca - left  # the input column of phase column ca
-            for b in range(n):
-                for ch in range(c):
-                    for r in range(ra, rb):
-                        # unsigned indices: no negative-index wrap check, so the copy vectorizes
-                        dst = phases[b, ch, np.uint64(base + r * wq + ca):]
-                        src = x[b, ch, np.uint64(p + sh * r - top), np.uint64(first):]
-                        for j in range(np.uint64(cb - ca)):
-                            dst[j] = src[j * np.uint64(sw)]
+            for r in range(ra, rb):
+                copy_f32(dst, base + r * wq + ca, src, (p + sh * r - top) * w + first, cb - ca, sw)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def fill_phases(x, phases, sh, sw, top, left, hq, wq):  # pragma: no cover - compiled
+    """fill_channel for every image and channel: phases (N, C, L) arrives zeroed, channel c of image b at
+    phases[b, c]."""
+    n, c = x.shape[0], x.shape[1]
+    for b in range(n):
+        for ch in range(c):
+            fill_channel(x, b, ch, phases[b, ch], 0, sh, sw, top, left, hq, wq)

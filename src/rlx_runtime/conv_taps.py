@@ -61,8 +61,9 @@ def taps2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp,
     size = -(-(oh * wq) // LANES) * LANES
     plane = hq * wq
     stride = sh * sw * plane + LANES
-    phases = np.zeros((n, c, stride), np.float32)
-    fill_phases(x, phases, sh, sw, pads[0], pads[1], hq, wq)
+    if dense:  # every output reads every channel's phases: all of them first
+        phases = np.zeros((n, c, stride), np.float32)
+        fill_phases(x, phases, sh, sw, pads[0], pads[1], hq, wq)
     kernel = [((ky * dh % sh) * sw + kx * dw % sw) * plane + (ky * dh // sh) * wq + kx * dw // sw
               for ky in range(kh) for kx in range(kw)]
     # dense: output o sums over input channels, then taps ((c, ky, kx) order), reading every channel's phases
@@ -73,18 +74,21 @@ def taps2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp,
     y3 = y.reshape(n, o, oh * ow) if dense else y.reshape(n * o, 1, oh * ow)
     work = o * len(offsets) * oh * wq
     edges = chunk_edges(o, threads_for(n * work), min_chunk=8)
+    fill = (sh, sw, pads[0], pads[1], hq)
     with Steps(n * len(edges) * (1 if epilogue is None else 2), epilogue is None or hasattr(epilogue, "put")) as steps:
-        steps.keep += (phases, taps, offsets, y)  # the rows hold only their addresses
+        steps.keep += (x, taps, offsets, y)  # the rows hold only their addresses
         for c0, c1 in zip(edges, edges[1:]):
-            grid = np.empty(size, np.float32)  # the chunk's scratch
-            steps.keep.append(grid)
+            grid = np.empty(size, np.float32)  # the chunk's scratch: its grid, and a depthwise chunk's phases
+            if not dense:
+                phases = np.zeros((1, 1, stride), np.float32)
+            steps.keep += (grid, phases)
             for b in range(n):
                 if steps.native:
                     k, ints, _, r = steps.tables()
-                    k.put_taps(ints, r, phases, taps, offsets, y, b, c0, c1, grid, wq, dense)
+                    k.put_taps(ints, r, x, phases, taps, offsets, y, b, c0, c1, grid, wq, dense, *fill)
                     steps.added()
                 else:
-                    steps.added(partial(tap_planes, phases, taps, offsets, y, b, c0, c1, grid, wq, dense))
+                    steps.added(partial(tap_planes, x, phases, taps, offsets, y, b, c0, c1, grid, wq, dense, *fill))
                 if epilogue is not None:
                     block = (b, b + 1, c0, c1) if dense else (b * o + c0, b * o + c1, 0, 1)
                     steps.epilogue(epilogue, y3, *block, 0, oh * ow)

@@ -190,9 +190,11 @@ def _run_row(ti, tf, r):  # pragma: no cover - compiled
         phases = numba.carray(_f32_at(ti[r, 1]), (n, ti[r, 3], ti[r, 4]))
         taps = numba.carray(_f32_at(ti[r, 5]), (o, ti[r, 6]))
         offsets = numba.carray(_i64_at(ti[r, 7]), (ti[r, 6],))
-        y = numba.carray(_f32_at(ti[r, 8]), (n, o, ti[r, 9], ti[r, 10]))
+        y = numba.carray(_f32_at(ti[r, 8]), (ti[r, 19], o, ti[r, 9], ti[r, 10]))
         grid = numba.carray(_f32_at(ti[r, 14]), (ti[r, 16],))
-        tap_planes(phases, taps, offsets, y, ti[r, 11], ti[r, 12], ti[r, 13], grid, ti[r, 15], ti[r, 17] != 0)
+        x = numba.carray(_f32_at(ti[r, 20]), (ti[r, 19], ti[r, 21], ti[r, 22], ti[r, 23]))
+        tap_planes(x, phases, taps, offsets, y, ti[r, 11], ti[r, 12], ti[r, 13], grid, ti[r, 15], ti[r, 17] != 0,
+                   ti[r, 24], ti[r, 25], ti[r, 26], ti[r, 27], ti[r, 28])
     elif kind == ROW_SKINNY:
         rows, k, n = ti[r, 4], ti[r, 5], ti[r, 6]
         out = numba.carray(_f32_at(ti[r, 1]), (rows * n,))
@@ -368,10 +370,14 @@ def put_bias_act(ti, tf, r, y, b0, b1, r0, r1, c0, c1, groups, bias, has_bias, a
 
 
 @numba.njit(cache=True, nogil=True)
-def put_taps(ti, r, phases, taps, offsets, y, n, c0, c1, grid, wq, shared):  # pragma: no cover - compiled
-    """Row r: conv_kernels.tap_planes(phases, taps, offsets, y, n, c0, c1, grid, wq, shared)."""
+def put_taps(ti, r, x, phases, taps, offsets, y, n, c0, c1, grid, wq, shared, sh, sw, top, left,
+             hq):  # pragma: no cover - compiled
+    """Row r: conv_kernels.tap_planes(x, phases, taps, offsets, y, n, c0, c1, grid, wq, shared, sh, sw, top, left,
+    hq)."""
     ti[r, 0], ti[r, 1], ti[r, 2], ti[r, 3], ti[r, 4] = ROW_TAPS, phases.ctypes.data, *phases.shape
     ti[r, 5], ti[r, 6], ti[r, 7] = taps.ctypes.data, taps.shape[1], offsets.ctypes.data
     ti[r, 8], ti[r, 9], ti[r, 10] = y.ctypes.data, y.shape[2], y.shape[3]
     ti[r, 11], ti[r, 12], ti[r, 13], ti[r, 14], ti[r, 15], ti[r, 16] = n, c0, c1, grid.ctypes.data, wq, grid.size
-    ti[r, 17], ti[r, 18] = shared, y.shape[1]
+    ti[r, 17], ti[r, 18], ti[r, 19] = shared, y.shape[1], y.shape[0]
+    ti[r, 20], ti[r, 21], ti[r, 22], ti[r, 23] = x.ctypes.data, x.shape[1], x.shape[2], x.shape[3]
+    ti[r, 24], ti[r, 25], ti[r, 26], ti[r, 27], ti[r, 28] = sh, sw, top, left, hq
