@@ -384,3 +384,45 @@ def test_pointwise_convs_match_onnxruntime_and_fused_equals_unfused(xs, threads,
         x.reshape(-1)[::13] = np.nan
         x.reshape(-1)[5::17] = np.inf
         np.testing.assert_array_equal(fused.run({"x": x})["act"], unfused.run({"x": x})["act"])
+
+
+# ---------------------------------------------------------------- im2col by numba (conv_kernels.im2col_2d)
+IM2COL_CASES = CASES + [
+    ((2, 3, 17, 23), (4, 3, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ((1, 2, 9, 9), (3, 2, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),  # a ResNet stem's shape of window
+    ((1, 2, 8, 40), (2, 2, 5, 5), {"pads": [0, 2, 1, 0], "strides": [3, 2]}),
+    ((1, 2, 3, 3), (2, 2, 5, 5), {"pads": [4, 4, 4, 4]}),  # rows and columns wholly in the padding
+    ((1, 2, 11, 11), (2, 2, 3, 3), {"pads": [2, 1, 2, 1], "strides": [2, 2], "dilations": [2, 3]}),
+]
+
+
+@pytest.mark.parametrize("xs,ws,attrs", IM2COL_CASES, ids=str)
+def test_numba_im2col_gives_numpys_columns(xs, ws, attrs):
+    """The column matrix is a copy: numba's must equal numpy's element for element (zeros where the window reads
+    padding), for strides, dilations, asymmetric pads and windows wider than the input."""
+    x = RNG.standard_normal(xs).astype(np.float32)
+    a = {"strides": [1, 1], "dilations": [1, 1], "pads": [0, 0, 0, 0], **attrs}
+    k = ws[2:]
+    out = [nn.window_count(xs[2 + i], k[i], a["strides"][i], a["dilations"][i], a["pads"][i], a["pads"][i + 2])
+           for i in range(2)]
+    ref = nn._im2col(np, x, k, a["strides"], a["dilations"], a["pads"], out)
+    got = nn._im2col_numba(np, x, k, a["strides"], a["dilations"], a["pads"], out)
+    np.testing.assert_array_equal(got, ref)
+
+
+def test_strided_convs_take_numbas_im2col_once_numba_is_loaded(monkeypatch):
+    """A stride-2 3x3 conv (no tap or shifted path) builds its columns with numba when numba is loaded, and with
+    numpy when it is not (a Relu CNN's first forward does not load numba for this); the values are the same."""
+    import sys
+    x = RNG.standard_normal((1, 8, 20, 20)).astype(np.float32)
+    w = RNG.standard_normal((16, 8, 3, 3)).astype(np.float32)
+    a = {"strides": [2, 2], "dilations": [1, 1], "pads": [1, 1, 1, 1], "group": 1}
+    calls = []
+    real = nn._im2col_numba
+    monkeypatch.setattr(nn, "_im2col_numba", lambda *args: calls.append(1) or real(*args))
+    with_numba = nn._conv_nobias_cpu(a, x, w)
+    assert calls == [1]
+    monkeypatch.setitem(sys.modules, "numba", None)
+    without = nn._conv_nobias_cpu(a, x, w)
+    assert calls == [1]
+    np.testing.assert_array_equal(with_numba, without)

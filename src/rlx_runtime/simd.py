@@ -444,9 +444,6 @@ def skinny_f32(typingctx, out, x, wt, rows, k, n, c0, c1):
     return types.void(out, x, wt, rows, k, n, c0, c1), codegen
 
 
-COPY_WIDTHS = (LANES, 16, 8, 4)  # vector widths copy_f32 steps down through before single elements
-
-
 def _while(builder, cond, body):
     """while cond(): body(): cond and body build IR at the loop's head and in its body."""
     head = builder.append_basic_block("while")
@@ -461,13 +458,33 @@ def _while(builder, cond, body):
     builder.position_at_end(done)
 
 
+def _masked(builder, op: str, vty, ptr, mask, value=None):
+    """llvm.masked.load / llvm.masked.store of vty at ptr: lanes whose mask bit is clear are neither read nor
+    written (a masked-off lane past the end of a buffer does not fault); a load gives 0.0 there."""
+    bits = ir.VectorType(ir.IntType(1), vty.count)
+    name = f"llvm.masked.{op}.v{vty.count}f32.p0"
+    if op == "load":
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vty, [ptr.type, _I32, bits, vty]), name)
+        return builder.call(fn, [ptr, ir.Constant(_I32, 4), mask, ir.Constant(vty, None)])
+    fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [vty, ptr.type, _I32, bits]),
+                                        name)
+    return builder.call(fn, [value, ptr, ir.Constant(_I32, 4), mask])
+
+
+def _first_lanes(builder, count, lanes):
+    """A mask of `lanes` bits, set in the first `count` (an i64)."""
+    vi = ir.VectorType(_I64, lanes)
+    return builder.icmp_signed("<", ir.Constant(vi, list(range(lanes))), _splat(builder, count, vi))
+
+
 @intrinsic
 def copy_f32(typingctx, dst, at, src, start, count, step):
-    """dst[at + i] = src[start + i * step] for i < count: whole vectors of 32, then 16, 8 and 4 lanes, then single
-    elements; step 2 loads twice the lanes and keeps the even ones. Reads and writes nothing outside those
-    elements (a vector of step 2 is loaded only while a further element of the row is still needed, so its last
-    lane is one). The tap convs' row copies (their rows are 7-112 elements: numba's own loop over a slice
-    copy ran at about 0.7 ns an element, these at a few elements a cycle); other steps one element at a time."""
+    """dst[at + i] = src[start + i * step] for i < count: whole vectors of 32, then one masked vector for the rest;
+    step 2 loads twice the lanes and keeps the even ones. Reads and writes nothing outside those elements (a
+    full vector of step 2 is loaded only while a further element is still needed, so its last lane is one; the
+    masked loads and stores leave other lanes alone). The tap convs' and im2col's row copies (their rows are
+    7-112 elements: numba's own loop over a slice copy ran at about 0.7 ns an element); other steps one element
+    at a time."""
     ints = all(isinstance(v, types.Integer) for v in (at, start, count, step))
     if not (_is_f32(dst) and _is_f32(src) and ints):
         return None
@@ -477,31 +494,35 @@ def copy_f32(typingctx, dst, at, src, start, count, step):
         sp = builder.gep(_data(context, builder, sig.args[2], args[2]).data, [builder.sext(args[3], _I64)])
         n, stp = (builder.sext(v, _I64) if v.type.width < 64 else v for v in (args[4], args[5]))
         i = cgutils.alloca_once_value(builder, ir.Constant(_I64, 0))
-        one, two = ir.Constant(_I64, 1), ir.Constant(_I64, 2)
+        one, two, lanes = ir.Constant(_I64, 1), ir.Constant(_I64, 2), ir.Constant(_I64, LANES)
+        evens = ir.Constant(ir.VectorType(_I32, LANES), list(range(0, 2 * LANES, 2)))
+        wide = ir.VectorType(_F32, 2 * LANES)
 
-        def vectors(width, dense, repeat):
-            """copy `width` lanes while at least that many remain (dense) or more than that (step 2); once or
-            in a loop"""
-            def cond():
-                left = builder.sub(n, builder.load(i))
-                return builder.icmp_signed(">=" if dense else ">", left, ir.Constant(_I64, width))
-
-            def body():
+        def copy(dense: bool):
+            def body():  # a whole vector
                 k = builder.load(i)
                 if dense:
-                    v = _load_vec(builder, sp, k, ir.VectorType(_F32, width))
+                    v = _load_vec(builder, sp, k, _VF)
                 else:
-                    wide = _load_vec(builder, sp, builder.mul(k, two), ir.VectorType(_F32, 2 * width))
-                    v = builder.shuffle_vector(wide, wide, ir.Constant(ir.VectorType(_I32, width),
-                                                                       list(range(0, 2 * width, 2))))
+                    v = _load_vec(builder, sp, builder.mul(k, two), wide)
+                    v = builder.shuffle_vector(v, v, evens)
                 _store_vec(builder, v, dp, k)
-                builder.store(builder.add(k, ir.Constant(_I64, width)), i)
+                builder.store(builder.add(k, lanes), i)
 
-            if repeat:
-                _while(builder, cond, body)
-            else:
-                with builder.if_then(cond()):
-                    body()
+            _while(builder, lambda: builder.icmp_signed(">=" if dense else ">", builder.sub(n, builder.load(i)),
+                                                        lanes), body)
+            k = builder.load(i)
+            left = builder.sub(n, k)
+            with builder.if_then(builder.icmp_signed(">", left, ir.Constant(_I64, 0))):
+                if dense:
+                    v = _masked(builder, "load", _VF, builder.gep(sp, [k]), _first_lanes(builder, left, LANES))
+                else:  # elements 0, 2, ..., 2 * (left - 1) of the source
+                    need = builder.sub(builder.mul(left, two), one)
+                    v = _masked(builder, "load", wide, builder.gep(sp, [builder.mul(k, two)]),
+                                _first_lanes(builder, need, 2 * LANES))
+                    v = builder.shuffle_vector(v, v, evens)
+                _masked(builder, "store", _VF, builder.gep(dp, [k]), _first_lanes(builder, left, LANES), v)
+                builder.store(n, i)
 
         def elements():
             def body():
@@ -512,13 +533,13 @@ def copy_f32(typingctx, dst, at, src, start, count, step):
 
         with builder.if_else(builder.icmp_signed("==", stp, one)) as (unit, other):
             with unit:
-                for k, width in enumerate(COPY_WIDTHS):
-                    vectors(width, True, k == 0)
+                copy(True)
             with other:
-                with builder.if_then(builder.icmp_signed("==", stp, two)):
-                    for k, width in enumerate(COPY_WIDTHS):
-                        vectors(width, False, k == 0)
-        elements()
+                with builder.if_else(builder.icmp_signed("==", stp, two)) as (pair, rest):
+                    with pair:
+                        copy(False)
+                    with rest:
+                        elements()
         return context.get_dummy_value()
 
     return types.void(dst, at, src, start, count, step), codegen

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import string
+import sys
 
 import numpy as np
 
@@ -152,9 +153,10 @@ def _im2col(xp, x, k, strides, dil, pads, out_sp):
     return cols
 
 
-def conv_nobias(xp, a, x, w, epilogue=None):
+def conv_nobias(xp, a, x, w, epilogue=None, im2col=_im2col):
     """Conv without its bias: a fresh contiguous (n, o, *out) array (the GEMM's own result). `epilogue` (CPU
-    only) runs on each finished chunk of the GEMM's output, on the thread that computed it (threads.matmul)."""
+    only) runs on each finished chunk of the GEMM's output, on the thread that computed it (threads.matmul).
+    `im2col`: the column builder, _im2col's signature (the CPU passes its numba one for 2-D float32 convs)."""
     nsp = x.ndim - 2
     strides, dil, pads = _spatial(a, nsp)
     g = a["group"]
@@ -165,7 +167,7 @@ def conv_nobias(xp, a, x, w, epilogue=None):
         # 1x1: the (strided) input itself is the column matrix; no copy when the stride is 1
         cols = x[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in strides)]
     else:
-        cols = _im2col(xp, x, k, strides, dil, pads, out_sp)
+        cols = im2col(xp, x, k, strides, dil, pads, out_sp)
     cols = cols.reshape(n, g, (c // g) * math.prod(k), math.prod(out_sp))
     wg = w.reshape(g, o // g, (c // g) * math.prod(k))
     wg = wg[0] if g == 1 else wg
@@ -205,7 +207,20 @@ def _conv_nobias_cpu(a, x, w, epilogue=None):
             return conv_taps.taps2d(x, w, strides, dil, pads, out_sp, epilogue)
         if conv_shifted.use_shifted(x, w, strides, a["group"], out_sp):
             return conv_shifted.conv2d_shifted(x, w, dil, pads, out_sp, epilogue)
+        if x.dtype == np.float32 and sys.modules.get("numba") is not None:
+            # the same columns either way; numba's copy only once numba is loaded anyway (a Relu CNN's first
+            # forward does not pay its start-up for this)
+            return conv_nobias(np, a, x, w, epilogue, _im2col_numba)
     return conv_nobias(np, a, x, w, epilogue)
+
+
+def _im2col_numba(xp, x, k, strides, dil, pads, out_sp):
+    """_im2col for a 2-D float32 conv on the CPU, by conv_kernels.im2col_2d."""
+    from ..conv_kernels import im2col_2d
+    cols = np.empty(x.shape[:2] + tuple(k) + tuple(out_sp), np.float32)
+    hp, wp = x.shape[2] + pads[0] + pads[2], x.shape[3] + pads[1] + pads[3]
+    im2col_2d(np.ascontiguousarray(x), cols, *strides, *dil, pads[0], pads[1], hp, wp)
+    return cols
 
 
 @kernel("Conv", backend="cpu")
