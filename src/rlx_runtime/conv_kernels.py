@@ -127,30 +127,47 @@ def tap_planes(x, phases, taps, offsets, y, n, c0, c1, grid, wq, shared, sh, sw,
     size = grid.shape[0]
     flat = phases[n if shared else 0].reshape(-1)
     out = y[n].reshape(-1)
+    spans = phase_rows(x.shape[2], x.shape[3], sh, sw, top, left, hq, wq)
     for c in range(c0, c1):
         if not shared:
-            fill_channel(x, n, c, flat, 0, sh, sw, top, left, hq, wq)
+            fill_channel(x, n, c, flat, 0, sh, sw, top, hq, wq, spans)
         taps_f32(grid, 0, flat, 0, size, taps[c], offsets)
         for r in range(oh):
             copy_f32(out, (c * oh + r) * ow, grid, r * wq, ow, 1)
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def fill_channel(x, b, ch, dst, at, sh, sw, top, left, hq, wq):  # pragma: no cover - compiled
-    """Stride phases of channel ch of image b of the zero-padded input, into dst from element `at`: phase (p, q),
-    a plane of hq x wq at (p * sw + q) * hq * wq, holds padded rows p::sh and columns q::sw of x (padded `top` rows
-    and `left` columns before). Only the input's own elements are written (the padding's stay as they are)."""
-    h, w = x.shape[2], x.shape[3]
-    src = x[b, ch].reshape(-1)
-    plane = hq * wq
+def phase_rows(h, w, sh, sw, top, left, hq, wq):  # pragma: no cover - compiled
+    """Where fill_channel copies to, the same for every channel: per phase (p, q), in order, its first and last+1
+    rows inside the input, its first column inside the input, that column's input column, and how many columns
+    (an (sh * sw, 5) int64 table)."""
+    spans = np.empty((sh * sw, 5), np.int64)
     for p in range(sh):
         ra, rb = max(0, -((p - top) // sh)), min(hq, -((p - top - h) // sh))  # phase rows inside the input
         for q in range(sw):
             ca, cb = max(0, -((q - left) // sw)), min(wq, -((q - left - w) // sw))
-            base = at + (p * sw + q) * plane
-            first = q + sw * ca - left  # the input column of phase column ca
-            for r in range(ra, rb):
-                copy_f32(dst, base + r * wq + ca, src, (p + sh * r - top) * w + first, cb - ca, sw)
+            k = p * sw + q
+            spans[k, 0], spans[k, 1], spans[k, 2] = ra, max(ra, rb), ca
+            spans[k, 3], spans[k, 4] = q + sw * ca - left, max(0, cb - ca)
+    return spans
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def fill_channel(x, b, ch, dst, at, sh, sw, top, hq, wq, spans):  # pragma: no cover - compiled
+    """Stride phases of channel ch of image b of the zero-padded input, into dst from element `at`: phase (p, q),
+    a plane of hq x wq at (p * sw + q) * hq * wq, holds padded rows p::sh and columns q::sw of x (padded `top` rows
+    and `left` columns before; spans = phase_rows(...)). Only the input's own elements are written (the padding's
+    stay as they are)."""
+    h, w = x.shape[2], x.shape[3]
+    src = (b * x.shape[1] + ch) * h * w
+    flat = x.reshape(-1)
+    for p in range(sh):
+        for q in range(sw):
+            k = p * sw + q
+            base = at + k * hq * wq + spans[k, 2]
+            first, cols = spans[k, 3], spans[k, 4]
+            for r in range(spans[k, 0], spans[k, 1]):
+                copy_f32(dst, base + r * wq, flat, src + (p + sh * r - top) * w + first, cols, sw)
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
@@ -158,9 +175,10 @@ def fill_phases(x, phases, sh, sw, top, left, hq, wq):  # pragma: no cover - com
     """fill_channel for every image and channel: phases (N, C, L) arrives zeroed, channel c of image b at
     phases[b, c]."""
     n, c = x.shape[0], x.shape[1]
+    spans = phase_rows(x.shape[2], x.shape[3], sh, sw, top, left, hq, wq)
     for b in range(n):
         for ch in range(c):
-            fill_channel(x, b, ch, phases[b, ch], 0, sh, sw, top, left, hq, wq)
+            fill_channel(x, b, ch, phases[b, ch], 0, sh, sw, top, hq, wq, spans)
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
@@ -174,9 +192,10 @@ def im2col_2d(x, cols, sh, sw, dh, dw, top, left, hp, wp):  # pragma: no cover -
     kh, kw, oh, ow = cols.shape[2], cols.shape[3], cols.shape[4], cols.shape[5]
     dst = cols.reshape(-1)
     padded = np.zeros(hp * wp, np.float32)  # each channel writes the same elements: the padding stays zero
+    spans = phase_rows(x.shape[2], x.shape[3], 1, 1, top, left, hp, wp)
     for b in range(n):
         for ch in range(c):
-            fill_channel(x, b, ch, padded, 0, 1, 1, top, left, hp, wp)
+            fill_channel(x, b, ch, padded, 0, 1, 1, top, hp, wp, spans)
             for ky in range(kh):
                 for kx in range(kw):
                     base = (((b * c + ch) * kh + ky) * kw + kx) * oh * ow

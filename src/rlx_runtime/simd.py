@@ -371,11 +371,18 @@ def taps_f32(typingctx, dst, at, src, start, count, weights, offsets):
                 return []
             return body
 
-        # TAP_CHAINS vectors at a time, then the remaining whole vectors one at a time, then single elements
+        # TAP_CHAINS vectors at a time, then the remaining whole vectors side by side too (a depthwise conv on a 7x7
+        # plane has 3: one at a time, each waited on its adds' latency), then single elements
         wide = builder.sdiv(n, ir.Constant(_I64, TAP_CHAINS * LANES))
         _block_loop(builder, ir.Constant(_I64, 0), wide, [], vectors(TAP_CHAINS))
         whole = builder.sdiv(n, ir.Constant(_I64, LANES))
-        _block_loop(builder, builder.mul(wide, ir.Constant(_I64, TAP_CHAINS)), whole, [], vectors(1))
+        done = builder.mul(wide, ir.Constant(_I64, TAP_CHAINS * LANES))
+        rest = builder.sub(whole, builder.mul(wide, ir.Constant(_I64, TAP_CHAINS)))
+        for count in range(1, TAP_CHAINS):
+            with builder.if_then(builder.icmp_signed("==", rest, ir.Constant(_I64, count))):
+                pos = [builder.add(done, ir.Constant(_I64, k * LANES)) for k in range(count)]
+                for p, v in zip(pos, summed(pos, LANES)):
+                    _store_vec(builder, v, dp, p)
 
         def scalar(i, state):
             builder.store(summed([i], None)[0], builder.gep(dp, [i]))
