@@ -401,7 +401,7 @@ def test_few_rows_matmul_declines_what_it_does_not_cover(shapes):
     assert threads.few_rows_matmul(_f(4, 64), _f(96, 64).T) is None  # b not C-contiguous
 
 
-def test_matmul_ops_and_lstm_steps_take_the_few_rows_kernel(monkeypatch, tmp_path):
+def test_matmul_ops_and_gru_steps_take_the_few_rows_kernel(monkeypatch, tmp_path):
     from rlx_format import GraphBuilder
     from rlx_runtime import Session
 
@@ -417,7 +417,8 @@ def test_matmul_ops_and_lstm_steps_take_the_few_rows_kernel(monkeypatch, tmp_pat
     assert calls == [(6, 128)]
     np.testing.assert_allclose(got, xv @ w, rtol=1e-5, atol=1e-4)
     calls.clear()
-    # an LSTM (through the ONNX import): each step's state times Rᵀ, checked against onnxruntime
+    # a GRU (through the ONNX import): each step's state times Rᵀ (twice: the gates, then the candidate),
+    # checked against onnxruntime (an LSTM's steps run in recurrent_kernels.py, on the same kernel)
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
@@ -425,19 +426,19 @@ def test_matmul_ops_and_lstm_steps_take_the_few_rows_kernel(monkeypatch, tmp_pat
     from rlx_bake.onnx import import_onnx
 
     hid, seq = 64, 5
-    inits = [numpy_helper.from_array(_f(1, 4 * hid, 32) * 0.3, "W"),
-             numpy_helper.from_array(_f(1, 4 * hid, hid) * 0.3, "R")]
-    node = helper.make_node("LSTM", ["x", "W", "R"], ["Y"], hidden_size=hid)
+    inits = [numpy_helper.from_array(_f(1, 3 * hid, 32) * 0.3, "W"),
+             numpy_helper.from_array(_f(1, 3 * hid, hid) * 0.3, "R")]
+    node = helper.make_node("GRU", ["x", "W", "R"], ["Y"], hidden_size=hid)
     m = helper.make_model(helper.make_graph([node], "l", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
                                                                                         [seq, 8, 32])],
                                             [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], inits),
                           opset_imports=[helper.make_opsetid("", 17)])
-    path = tmp_path / "lstm.onnx"
+    path = tmp_path / "gru.onnx"
     path.write_bytes(m.SerializeToString())
     rf, _ = bake(*import_onnx(path), BakeOptions.from_profile("exact"))
     xv = _f(seq, 8, 32)
     got = Session().compile(rf).run({"x": xv})["Y"]
-    assert calls == [(8, hid)] * seq  # one per step
+    assert calls == [(8, hid)] * 2 * seq  # two per step
     want = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": xv})[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 

@@ -199,3 +199,83 @@ def test_torch_exported_recurrent_models_match_torch_and_onnxruntime(tmp_path, k
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(got, sess.run(None, {"x": x.numpy()})[0], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+# ---------------------------------------------------------------- the numba LSTM steps (recurrent_kernels.py)
+def _rlx(tmp_path, m, feeds) -> dict:
+    path = tmp_path / "m.onnx"
+    onnx.save(m, str(path))
+    rf, _ = bake(*import_onnx(path), BakeOptions.from_profile("exact"))
+    return Session().compile(rf).run(feeds)
+
+
+@pytest.fixture
+def lstm_kernel_calls(monkeypatch):
+    from rlx_runtime import recurrent_kernels
+    calls = []
+    real = recurrent_kernels.lstm_steps
+    monkeypatch.setattr(recurrent_kernels, "lstm_steps", lambda *a: calls.append(a[0].shape) or real(*a))
+    return calls
+
+
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("optional", [(), ("B", "initial_h", "initial_c")], ids=str)
+def test_numba_lstm_steps_equal_the_generic_steps_bit_for_bit(tmp_path, monkeypatch, lstm_kernel_calls, direction,
+                                                              optional):
+    """The kernel does the generic steps' float32 operations in the same order; with the generic path's tanh
+    swapped for the kernel's, every output is the same to the bit (batch 3: both take the few-rows GEMM)."""
+    from rlx_runtime import ufuncs
+    from rlx_runtime.kernels import recurrent
+    m, feeds = _model("LSTM", direction, optional=optional)
+    fast = _rlx(tmp_path, m, feeds)
+    assert len(lstm_kernel_calls) == (2 if direction == "bidirectional" else 1)
+    monkeypatch.setattr(recurrent, "_numba_lstm", lambda *a: False)
+    real = recurrent._activation
+    monkeypatch.setattr(recurrent, "_activation",
+                        lambda xp, name, al, be: ufuncs.tanh_f32 if name == "Tanh" else real(xp, name, al, be))
+    generic = _rlx(tmp_path, m, feeds)
+    assert len(lstm_kernel_calls) == (2 if direction == "bidirectional" else 1)
+    for k in fast:
+        np.testing.assert_array_equal(fast[k], generic[k], err_msg=k)
+
+
+@pytest.mark.parametrize("attrs,optional,taken", [
+    ({}, (), True),
+    ({"activations": ["Sigmoid", "Tanh", "Tanh"]}, (), True),
+    ({"clip": 2.0}, (), False),
+    ({"input_forget": 1}, (), False),
+    ({"activations": ["Sigmoid", "Tanh", "Relu"]}, (), False),
+    ({}, ("P",), False),
+    ({}, ("sequence_lens",), False),
+], ids=str)
+def test_which_lstms_take_the_numba_steps(tmp_path, lstm_kernel_calls, attrs, optional, taken):
+    m, feeds = _model("LSTM", optional=optional, **attrs)
+    out = _rlx(tmp_path, m, feeds)
+    assert bool(lstm_kernel_calls) == taken
+    ref = _oracle(m, feeds)
+    for k, v in ref.items():
+        np.testing.assert_allclose(out[k], v, rtol=1e-5, atol=1e-5, err_msg=k)
+
+
+@pytest.mark.parametrize("batch", [1, 8, 19])
+def test_numba_lstm_at_real_sizes_matches_onnxruntime(tmp_path, lstm_kernel_calls, batch):
+    """Hidden 256 (every column loop of the few-rows kernel), batch 1, 8 and 19 (more than its 8 rows at once),
+    40 steps with biases and initial states."""
+    hid, seq, inp = 256, 40, 48
+    w = (R.standard_normal((1, 4 * hid, inp)) * 0.2).astype(np.float32)
+    r = (R.standard_normal((1, 4 * hid, hid)) * 0.1).astype(np.float32)
+    b = (R.standard_normal((1, 8 * hid)) * 0.2).astype(np.float32)
+    node = helper.make_node("LSTM", ["X", "W", "R", "B", "", "H0", "C0"], ["Y", "Y_h", "Y_c"], hidden_size=hid)
+    ins = [helper.make_tensor_value_info("X", TensorProto.FLOAT, [seq, batch, inp]),
+           helper.make_tensor_value_info("H0", TensorProto.FLOAT, [1, batch, hid]),
+           helper.make_tensor_value_info("C0", TensorProto.FLOAT, [1, batch, hid])]
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("Y", "Y_h", "Y_c")]
+    inits = [numpy_helper.from_array(a, n) for a, n in ((w, "W"), (r, "R"), (b, "B"))]
+    m = helper.make_model(helper.make_graph([node], "l", ins, outs, inits), opset_imports=[helper.make_opsetid("", 14)])
+    feeds = {"X": R.standard_normal((seq, batch, inp)).astype(np.float32),
+             "H0": R.standard_normal((1, batch, hid)).astype(np.float32) * 0.5,
+             "C0": R.standard_normal((1, batch, hid)).astype(np.float32)}
+    out = _rlx(tmp_path, m, feeds)
+    assert lstm_kernel_calls == [(seq, batch, 4 * hid)]
+    for k, v in _oracle(m, feeds).items():
+        np.testing.assert_allclose(out[k], v, rtol=1e-4, atol=2e-5, err_msg=k)

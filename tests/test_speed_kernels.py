@@ -266,3 +266,43 @@ def test_other_exponents_are_numpys_power(y):
     x = np.abs(np.random.default_rng(4).standard_normal((3, 2)).astype(np.float32)) + 0.5
     got = _run_pow(x, np.asarray(y))
     np.testing.assert_array_equal(got, np.power(x, np.asarray(y)))
+
+
+# ---------------------------------------------------------------- float32 tanh (ufuncs.tanh_f32_loop)
+def _tanh_ulps(x: np.ndarray) -> np.ndarray:
+    from rlx_runtime.ufuncs import tanh_f32
+    got = tanh_f32(x)
+    ref = np.tanh(x.astype(np.float64)).astype(np.float32)
+    return np.abs(got.view(np.int32).astype(np.int64) - ref.view(np.int32).astype(np.int64))
+
+
+def test_tanh_f32_is_within_its_ulp_bound_on_samples():
+    """Within TANH_ULPS of the correctly rounded tanh (float64's, rounded) on 2M samples across both branches,
+    the split at 0.625, tiny and subnormal inputs and the saturated tail."""
+    from rlx_runtime.ufuncs import TANH_ULPS
+    rng = np.random.default_rng(3)
+    x = np.concatenate([rng.standard_normal(1 << 20) * 3, rng.uniform(-0.7, 0.7, 1 << 19),
+                        rng.uniform(-1e-3, 1e-3, 1 << 17), np.float32(2.0) ** -rng.uniform(20, 149, 1 << 16),
+                        rng.uniform(-40, 40, 1 << 17)]).astype(np.float32)
+    assert _tanh_ulps(x).max() <= TANH_ULPS
+
+
+@pytest.mark.slow
+def test_tanh_f32_is_within_its_ulp_bound_on_every_third_float32_up_to_20():
+    from rlx_runtime.ufuncs import TANH_ULPS
+    bits = np.arange(0, np.float32(20).view(np.uint32) + 1, 3, dtype=np.uint32)
+    for part in np.array_split(bits, 8):
+        x = part.view(np.float32)
+        assert _tanh_ulps(x).max() <= TANH_ULPS and _tanh_ulps(-x).max() <= TANH_ULPS
+
+
+def test_tanh_f32_special_values():
+    from rlx_runtime.ufuncs import tanh_f32
+    from rlx_runtime.ufuncs import TANH_ULPS
+    x = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, -1e-45, 200.0, -200.0], np.float32)
+    got = tanh_f32(x)
+    assert np.isnan(got[0])
+    np.testing.assert_array_equal(got[1:], np.array([1, -1, 0, -0.0, 1e-45, -1e-45, 1, -1], np.float32))
+    split = (np.float32(0.625).view(np.int32) + np.arange(-4, 5, dtype=np.int32)).view(np.float32)
+    assert _tanh_ulps(split).max() <= TANH_ULPS and _tanh_ulps(-split).max() <= TANH_ULPS
+    assert np.signbit(got[4]) and not np.signbit(got[3])  # -0 keeps its sign

@@ -254,6 +254,53 @@ def sigmoid_f32_loop(x, out, silu, terms):  # pragma: no cover - compiled
         out[i] = xv * r if silu else r
 
 
+# float32 tanh in float32 arithmetic, for the recurrent kernels' gates (recurrent_kernels.py; the Tanh op itself
+# is numpy's): one fixed sequence of IEEE operations, so every CPU gives the same bits. |x| < 0.625: Cephes
+# tanhf's odd polynomial a + a^3 P(a^2); above, (1 - e) / (1 + e) with e = exp(-2|x|) by the sigmoid's
+# exponential (2|x| is exact; no cancellation: e <= exp(-1.25)); the sign copied back (so -0 stays -0), NaN kept.
+# Checked over every float32 in [-20, 20]: at most TANH_ULPS ulp from the correctly rounded tanh.
+TANH_TERMS = np.array([-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1,
+                       -3.33332819422e-1], np.float32)  # P's coefficients, highest power first (Cephes tanhf)
+TANH_ULPS = 2
+_TANH_SPLIT = np.float32(0.625)
+
+
+@numba.njit(cache=True, error_model="numpy", nogil=True)
+def tanh_f32_loop(x, out, terms, exp_terms):  # pragma: no cover - compiled
+    """out[i] = tanh(x[i]) for float32 x (both branches computed and one selected, so the loop vectorizes)."""
+    t0, t1, t2, t3, t4 = terms[0], terms[1], terms[2], terms[3], terms[4]
+    p0, p1, p2, p3, p4, p5 = exp_terms[0], exp_terms[1], exp_terms[2], exp_terms[3], exp_terms[4], exp_terms[5]
+    one = np.float32(1.0)
+    for i in range(x.size):
+        xv = x[i]
+        a = abs(xv)
+        z = a * a
+        small = ((((t0 * z + t1) * z + t2) * z + t3) * z + t4) * z * a + a
+        b = a + a
+        b = b if b < _ABS_MAX else _ABS_MAX  # NaN -> _ABS_MAX: the float->int below never sees NaN
+        kf = np.floor(b * _INV_LN2 + np.float32(0.5))
+        k = np.int32(kf)
+        s = (kf * _LN2_HI - b) + kf * _LN2_LO  # exp(-b) = 2^-k e^s, as in sigmoid_f32_loop
+        s2 = s * s
+        q = ((p5 + p4 * s) + (p3 + p2 * s) * s2) + (p1 + p0 * s) * (s2 * s2)
+        e = (q * s2 + s) + one
+        k1 = np.int32(125) if k > 125 else k
+        e = e * _f32_from_bits((127 - k1) << 23) * _f32_from_bits((127 - (k - k1)) << 23)
+        big = (one - e) / (one + e)
+        r = small if a < _TANH_SPLIT else big
+        r = -r if xv < 0 else r
+        r = r if xv != 0 else xv  # -0 stays -0
+        out[i] = xv if xv != xv else r
+
+
+def tanh_f32(x: np.ndarray) -> np.ndarray:
+    """tanh of a float32 array by tanh_f32_loop (a fresh array of x's shape)."""
+    flat = np.ascontiguousarray(x, np.float32).reshape(-1)
+    out = np.empty_like(flat)
+    tanh_f32_loop(flat, out, TANH_TERMS, EXP_TERMS)
+    return out.reshape(np.shape(x))
+
+
 def _sigmoid_f32(x: np.ndarray, silu: bool) -> np.ndarray:
     flat = np.ascontiguousarray(x).reshape(-1)
     out = np.empty_like(flat)

@@ -103,6 +103,9 @@ def _recurrent(xp, op: str, a: dict, x, w, r, rest):
         ht = opt["initial_h"][d] if "initial_h" in opt else xp.zeros((batch, h), dt)
         ct = None if op != "LSTM" else opt["initial_c"][d] if "initial_c" in opt else xp.zeros((batch, h), dt)
         peep = opt.get("P")
+        if _numba_lstm(xp, op, a, x, xw, r, peep, lens, d, dirs):
+            _lstm_direction(xw, r[d], ht, ct, out, d, reverse)
+            continue
         step_fn = {"LSTM": _lstm_step, "GRU": _gru_step, "RNN": _rnn_step}[op]
         rd = _step_weights(xp, r[d])
         for s in range(seq):
@@ -128,6 +131,26 @@ def _recurrent(xp, op: str, a: dict, x, w, r, rest):
         if op == "LSTM":
             out[seq + 1, d] = ct
     return out
+
+
+def _numba_lstm(xp, op, a, x, xw, r, peep, lens, d, dirs) -> bool:
+    """Whether this direction's steps run as recurrent_kernels.lstm_steps: a CPU float32 LSTM with the default
+    activations and none of clip, peepholes, input_forget or sequence_lens."""
+    be = backend_of(xp)
+    default = a["activations"] is None or list(a["activations"]) == DEFAULT_ACTIVATIONS["LSTM"] * dirs
+    return (op == "LSTM" and be.host_arrays and be.fused_kernels and x.dtype == xw.dtype == r.dtype == np.float32
+            and default and a["clip"] is None and peep is None and not a["input_forget"] and lens is None)
+
+
+def _lstm_direction(xw, r, ht, ct, out, d: int, reverse: bool) -> None:
+    """One direction's steps by the numba kernel; its final h and c go to out's last two rows."""
+    from ..recurrent_kernels import lstm_steps
+    from ..ufuncs import EXP_TERMS, TANH_TERMS
+    h = np.array(ht, np.float32, order="C")  # fresh copies: the kernel updates them in place
+    c = np.array(ct, np.float32, order="C")
+    lstm_steps(np.ascontiguousarray(xw), np.ascontiguousarray(r.T), h, c, out, d, reverse, EXP_TERMS, TANH_TERMS)
+    out[-2, d] = h
+    out[-1, d] = c
 
 
 def _rec(xp, hs, r):
