@@ -426,3 +426,20 @@ def test_strided_convs_take_numbas_im2col_once_numba_is_loaded(monkeypatch):
     without = nn._conv_nobias_cpu(a, x, w)
     assert calls == [1]
     np.testing.assert_array_equal(with_numba, without)
+
+
+def test_a_mobilenet_sized_depthwise_conv_splits_over_two_threads(monkeypatch):
+    """At the shipped thresholds a 576-channel 5x5 depthwise conv on 7x7 (MobileNetV3-small's last blocks, ~100 us
+    at one thread) splits over two threads: its taps count TAP_COST GEMM multiply-adds each."""
+    from rlx_runtime import threads
+    parts = []
+    real = threads.chunk_edges
+    monkeypatch.setattr(threads, "chunk_edges", lambda n, k, *a, **kw: parts.append(k) or real(n, k, *a, **kw))
+    x = RNG.standard_normal((1, 576, 7, 7)).astype(np.float32)
+    w = RNG.standard_normal((576, 1, 5, 5)).astype(np.float32)
+    with threadpool_limits(2, "blas"), threads.forward_threads():
+        two = conv_taps.taps2d(x, w, (1, 1), (1, 1), (2, 2, 2, 2), (7, 7))
+    assert parts == [2]
+    with threadpool_limits(1, "blas"), threads.forward_threads():
+        one = conv_taps.taps2d(x, w, (1, 1), (1, 1), (2, 2, 2, 2), (7, 7))
+    np.testing.assert_array_equal(two, one)

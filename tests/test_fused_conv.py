@@ -32,7 +32,8 @@ CONVS = [
     ((1, 6, 8, 5), (6, 1, 3, 3), {"group": 6, "pads": [1, 1, 1, 1]}),  # depthwise
     ((3, 4, 13), (7, 4, 1), {"strides": [3]}),  # 1-D, strided 1x1
     ((1, 2, 5, 4, 3), (3, 2, 2, 2, 1), {}),  # 3-D
-    ((1, 8, 6, 6), (4, 8, 1, 1), {}),  # 1x1 as a plain GEMM
+    ((1, 8, 6, 6), (4, 8, 1, 1), {}),  # 1x1 as a plain GEMM, few outputs: the unfused ops' kernels
+    ((1, 8, 40, 30), (5, 8, 1, 1), {}),  # 1x1 with more than TINY_OUTPUT outputs: the GEMM's epilogue
 ]
 
 
@@ -261,3 +262,23 @@ def test_onnx_hard_swish_after_conv_matches_onnxruntime(tmp_path):
     assert [n.attrs.get("activation") for n in compiled.graph.nodes] == ["HardSwish"]
     # the conv sums in another order than onnxruntime's MLAS: float32 rounding apart, as the conv-path tests allow
     np.testing.assert_allclose(compiled.run({"x": x})["y"], ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("xs,ws,tiny", [((1, 144, 1, 1), (576, 144, 1, 1), True),  # a squeeze-excite conv
+                                        ((2, 8, 16, 16), (8, 8, 1, 1), True),  # exactly TINY_OUTPUT outputs
+                                        ((2, 8, 16, 17), (8, 8, 1, 1), False),
+                                        ((1, 144, 1, 1), (576, 144, 3, 3), False)],  # not pointwise
+                         ids=str)
+def test_small_pointwise_convs_take_the_unfused_kernels(xs, ws, tiny, monkeypatch):
+    from rlx_runtime.kernels import nn
+    calls = []
+    real = nn._fused_conv
+    monkeypatch.setattr(nn, "_fused_conv", lambda *a: calls.append(1) or real(*a))
+    attrs = {"pads": [1, 1, 1, 1]} if ws[2] == 3 else {}
+    g = _graph(xs, ws, attrs, "Sigmoid", {})
+    x = _inputs(xs)
+    compiled = Session().compile(g)
+    assert "FusedConv" in compiled.plan_ops()
+    fused = compiled.run({"x": x})["act"]
+    assert bool(calls) == tiny
+    np.testing.assert_array_equal(fused, _unfused(g, monkeypatch).run({"x": x})["act"])

@@ -21,6 +21,11 @@ MAX_DENSE_WEIGHTS = 512
 # and only for outputs of at least this many pixels (the stems' are 112x112 and up): a smaller conv is cheap
 # either way, and as im2col + GEMM it keeps a Relu CNN from loading numba (~0.6 s of its first forward)
 MIN_DENSE_PIXELS = 56 * 56
+# a tap's multiply-add with its share of the phase fill and the row copies, in GEMM multiply-adds (what
+# threads_for's threshold counts): a 88-channel 3x3 depthwise conv at 28x28 (0.6 M taps) took 48 us at 1 thread,
+# a GEMM of 2 M multiply-adds ~20 us. Counted as GEMM work, convs of 40-100 us never split; split, MobileNetV3's
+# took 0.65-0.85x as long at 2 threads (measured one by one, 1 worker polling)
+TAP_COST = 8
 
 
 def use_depthwise(x: np.ndarray, w: np.ndarray, group: int) -> bool:
@@ -72,7 +77,7 @@ def taps2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp,
     y = np.empty((n, o, oh, ow), np.float32)
     # the output as the epilogue sees a conv's GEMM result, (n * group, o / group, oh * ow)
     y3 = y.reshape(n, o, oh * ow) if dense else y.reshape(n * o, 1, oh * ow)
-    work = o * len(offsets) * oh * wq
+    work = o * len(offsets) * oh * wq * TAP_COST
     edges = chunk_edges(o, threads_for(n * work), min_chunk=8)
     fill = (sh, sw, pads[0], pads[1], hq)
     with Steps(n * len(edges) * (1 if epilogue is None else 2), epilogue is None or hasattr(epilogue, "put")) as steps:
