@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from functools import partial
 
@@ -41,6 +42,18 @@ def use_dense_taps(x: np.ndarray, w: np.ndarray, group: int, out_sp) -> bool:
             and out_sp[0] * out_sp[1] >= MIN_DENSE_PIXELS)
 
 
+@functools.lru_cache(maxsize=256)
+def _offsets(channels: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, plane: int, wq: int,
+             stride: int) -> np.ndarray:
+    """Where each tap reads, relative to an output's grid position: per channel read (a dense conv's output sums
+    over every input channel, then its taps: (c, ky, kx) order), the tap's phase plane, row and column offset."""
+    kernel = [((ky * dh % sh) * sw + kx * dw % sw) * plane + (ky * dh // sh) * wq + kx * dw // sw
+              for ky in range(kh) for kx in range(kw)]
+    found = np.array([ci * stride + k for ci in range(channels) for k in kernel], np.int64)
+    found.flags.writeable = False
+    return found
+
+
 def taps2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp,
            epilogue: Callable[..., None] | None = None) -> np.ndarray:
     """Conv without bias, depthwise ((n, c, h, w) * (c, 1, kh, kw), group c) or dense with few taps ((n, c, h, w)
@@ -51,6 +64,7 @@ def taps2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp,
     from .simd import LANES
     from .threads import Steps, chunk_edges, threads_for
 
+    x = np.ascontiguousarray(x)  # the kernels read it as one flat (N, C, H, W) buffer
     n, c, h, wd = x.shape
     o, kh, kw = w.shape[0], w.shape[2], w.shape[3]
     dense = not (w.shape[1] == 1 and o == c)  # depthwise: one input channel per output
@@ -69,10 +83,7 @@ def taps2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp,
     if dense:  # every output reads every channel's phases: all of them first
         phases = np.zeros((n, c, stride), np.float32)
         fill_phases(x, phases, sh, sw, pads[0], pads[1], hq, wq)
-    kernel = [((ky * dh % sh) * sw + kx * dw % sw) * plane + (ky * dh // sh) * wq + kx * dw // sw
-              for ky in range(kh) for kx in range(kw)]
-    # dense: output o sums over input channels, then taps ((c, ky, kx) order), reading every channel's phases
-    offsets = np.array([ci * stride + k for ci in range(c if dense else 1) for k in kernel], np.int64)
+    offsets = _offsets(c if dense else 1, kh, kw, sh, sw, dh, dw, plane, wq, stride)
     taps = np.ascontiguousarray(w.reshape(o, -1))
     y = np.empty((n, o, oh, ow), np.float32)
     # the output as the epilogue sees a conv's GEMM result, (n * group, o / group, oh * ow)
@@ -80,6 +91,15 @@ def taps2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp,
     work = o * len(offsets) * oh * wq * TAP_COST
     edges = chunk_edges(o, threads_for(n * work), min_chunk=8)
     fill = (sh, sw, pads[0], pads[1], hq)
+    if len(edges) == 2:  # one chunk: the same calls in the same order, on this thread, without a job around them
+        grid = np.empty(size, np.float32)
+        if not dense:
+            phases = np.zeros((1, 1, stride), np.float32)
+        for b in range(n):
+            tap_planes(x, phases, taps, offsets, y, b, 0, o, grid, wq, dense, *fill)
+            if epilogue is not None:
+                epilogue(y3, *((b, b + 1, 0, o) if dense else (b * o, b * o + o, 0, 1)), 0, oh * ow)
+        return y
     with Steps(n * len(edges) * (1 if epilogue is None else 2), epilogue is None or hasattr(epilogue, "put")) as steps:
         steps.keep += (x, taps, offsets, y)  # the rows hold only their addresses
         for c0, c1 in zip(edges, edges[1:]):

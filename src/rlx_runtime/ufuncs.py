@@ -282,7 +282,7 @@ def tanh_f32_loop(x, out, terms, exp_terms):  # pragma: no cover - compiled
         k = np.int32(kf)
         s = (kf * _LN2_HI - b) + kf * _LN2_LO  # exp(-b) = 2^-k e^s, as in sigmoid_f32_loop
         s2 = s * s
-        q = ((p5 + p4 * s) + (p3 + p2 * s) * s2) + (p1 + p0 * s) * (s2 * s2)
+        q = ((p5 + p4 * s) + (p3 + s * p2) * s2) + (p1 + p0 * s) * (s2 * s2)
         e = (q * s2 + s) + one
         k1 = np.int32(125) if k > 125 else k
         e = e * _f32_from_bits((127 - k1) << 23) * _f32_from_bits((127 - (k - k1)) << 23)

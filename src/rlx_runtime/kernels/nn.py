@@ -266,9 +266,13 @@ def _fused_conv_cpu(xp, a, x, w, b=None):
         return np.maximum(y, y.dtype.type(0), out=y)
     if x.dtype != np.float32 or _tiny_pointwise(a, x, w):
         return _fused_conv(xp, a, x, w, b)
-    from ..conv_kernels import bias_activation
-    return _conv_nobias_cpu(a, x, w, bias_activation(b, a["activation"], a["alpha"], a["min"], a["max"], a["group"],
-                                                     a["beta"]))
+    # the epilogue object is built once per step and bias array (a plan step's attrs are its own)
+    cached = a.get("_epilogue")
+    if cached is None or cached[0] is not b:
+        from ..conv_kernels import bias_activation
+        cached = a["_epilogue"] = (b, bias_activation(b, a["activation"], a["alpha"], a["min"], a["max"], a["group"],
+                                                      a["beta"]))
+    return _conv_nobias_cpu(a, x, w, cached[1])
 
 
 @kernel("ConvTranspose")
