@@ -48,6 +48,7 @@ def always_shifted(monkeypatch):
     monkeypatch.setattr(conv_taps, "MAX_DENSE_WEIGHTS", 0)  # these small convs would take the tap path first
     monkeypatch.setattr(conv_shifted, "MIN_COLUMN_BYTES", 0)
     monkeypatch.setattr(conv_shifted, "MIN_OUT_WIDTH", 1)
+    monkeypatch.setattr(conv_shifted, "WITH_NATIVE_POOL", True)  # its own 2-thread chunks are tested too
     calls = []
     real = conv_shifted.conv2d_shifted
     monkeypatch.setattr(conv_shifted, "conv2d_shifted", lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -197,9 +198,23 @@ def test_real_exported_model_matches_onnxruntime(tmp_path, monkeypatch):
     calls = []
     real = conv_shifted.conv2d_shifted
     monkeypatch.setattr(conv_shifted, "conv2d_shifted", lambda *a, **k: calls.append(1) or real(*a, **k))
-    out = Session().compile(rf).run({name: x.numpy()})
+    with threadpool_limits(1, "blas"):  # at 2 threads, with numba loaded, im2col's GEMM is taken instead
+        out = Session().compile(rf).run({name: x.numpy()})
     assert len(calls) == 2
     np.testing.assert_allclose(next(iter(out.values())), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_at_two_threads_with_the_native_pool_the_shifted_path_gives_way_to_im2col():
+    """Its chunks would be Python jobs: at more than one thread, once numba is loaded (the native pool), a conv
+    that takes the path at one thread takes im2col + GEMM instead (WITH_NATIVE_POOL)."""
+    from rlx_format.numba_setup import numba  # noqa: F401 - loaded: the pool runs native jobs
+    from rlx_runtime import threads
+    x, w = np.zeros((1, 192, 40, 40), np.float32), np.zeros((64, 192, 3, 3), np.float32)
+    assert threads._kernels() is not None
+    with threadpool_limits(1, "blas"), threads.forward_threads():
+        assert conv_shifted.use_shifted(x, w, [1, 1], 1, [40, 40])
+    with threadpool_limits(2, "blas"), threads.forward_threads():
+        assert not conv_shifted.use_shifted(x, w, [1, 1], 1, [40, 40])
 
 
 # (x shape, kernel, conv attrs) of depthwise convs: strides 1-3, asymmetric pads, dilation, 1xk kernels, batch 2,

@@ -25,6 +25,12 @@ import numpy as np
 # 1.48x, 128->128 @28: 1.08x) and lost below (256->256 @14: 0.85x, 512->512 @7: 0.53x, 64->128 @20: 0.91x)
 MIN_COLUMN_BYTES = 4 << 20
 MIN_OUT_WIDTH = 28
+# Whether to take this path at more than one thread when rlx's native worker pool is there (numba loaded): its
+# chunks are Python jobs (the GIL passed back and forth with the worker) where im2col's GEMM splits into native
+# ones. In short bursts of forwards after an idle pause (0.2 s, then 3 forwards, as the benchmarks time them) the
+# YOLO-like model took 4.6-23 ms a forward at 2 threads (median ~11) this way, a steady 4.6-5.5 ms without; in
+# long runs the shifted GEMMs were 3% faster there. (Without numba the GEMMs run on OpenBLAS's threads instead.)
+WITH_NATIVE_POOL = False
 
 
 def use_shifted(x: np.ndarray, w: np.ndarray, strides, group: int, out_sp) -> bool:
@@ -32,7 +38,10 @@ def use_shifted(x: np.ndarray, w: np.ndarray, strides, group: int, out_sp) -> bo
         return False
     if any(s != 1 for s in strides) or w.shape[2] * w.shape[3] == 1 or out_sp[1] < MIN_OUT_WIDTH:
         return False
-    from .threads import float_gemm
+    from .threads import blas_threads_instead, float_gemm, threads_in_use
+    threads = threads_in_use()
+    if threads > 1 and not blas_threads_instead(threads) and not WITH_NATIVE_POOL:
+        return False
     columns = x.shape[0] * x.shape[1] * w.shape[2] * w.shape[3] * math.prod(out_sp) * 4
     return columns >= MIN_COLUMN_BYTES and float_gemm(np.float32) is not None
 
