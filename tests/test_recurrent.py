@@ -211,10 +211,12 @@ def _rlx(tmp_path, m, feeds) -> dict:
 
 @pytest.fixture
 def lstm_kernel_calls(monkeypatch):
-    from rlx_runtime import recurrent_kernels
+    """The shapes of xw each direction run by recurrent_kernels.lstm_steps got (its caller is counted: on two
+    threads the kernel itself runs from the worker pool's compiled rows)."""
+    from rlx_runtime.kernels import recurrent
     calls = []
-    real = recurrent_kernels.lstm_steps
-    monkeypatch.setattr(recurrent_kernels, "lstm_steps", lambda *a: calls.append(a[0].shape) or real(*a))
+    real = recurrent._lstm_direction
+    monkeypatch.setattr(recurrent, "_lstm_direction", lambda *a: calls.append(a[0].shape) or real(*a))
     return calls
 
 
@@ -279,3 +281,45 @@ def test_numba_lstm_at_real_sizes_matches_onnxruntime(tmp_path, lstm_kernel_call
     assert lstm_kernel_calls == [(seq, batch, 4 * hid)]
     for k, v in _oracle(m, feeds).items():
         np.testing.assert_allclose(out[k], v, rtol=1e-4, atol=2e-5, err_msg=k)
+
+
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("hid,batch", [(40, 3), (96, 19)])
+def test_numba_lstm_steps_split_over_threads_give_the_same_bits(tmp_path, monkeypatch, lstm_kernel_calls, direction,
+                                                                hid, batch):
+    """Each step's hidden units split into blocks (32-column multiples; 40 leaves a block of 8) over two threads,
+    taken by whichever thread is free: the same bits as one thread, which match onnxruntime."""
+    from threadpoolctl import threadpool_limits
+
+    from rlx_runtime.kernels import recurrent
+    monkeypatch.setattr(recurrent, "_MIN_STEP_SPLIT", 0)
+    m, feeds = _model_sized("LSTM", direction, hid, batch)
+    with threadpool_limits(2, "blas"):
+        two = _rlx(tmp_path, m, feeds)
+    with threadpool_limits(1, "blas"):
+        one = _rlx(tmp_path, m, feeds)
+    assert lstm_kernel_calls
+    for k in one:
+        np.testing.assert_array_equal(two[k], one[k], err_msg=k)
+    for k, v in _oracle(m, feeds).items():
+        np.testing.assert_allclose(two[k], v, rtol=1e-4, atol=2e-5, err_msg=k)
+
+
+def _model_sized(op, direction, hid, batch, seq=7, inp=12):
+    """An LSTM with biases and initial states at a given hidden size and batch."""
+    dirs = 2 if direction == "bidirectional" else 1
+    w = (R.standard_normal((dirs, 4 * hid, inp)) * 0.3).astype(np.float32)
+    r = (R.standard_normal((dirs, 4 * hid, hid)) * 0.15).astype(np.float32)
+    b = (R.standard_normal((dirs, 8 * hid)) * 0.2).astype(np.float32)
+    node = helper.make_node(op, ["X", "W", "R", "B", "", "H0", "C0"], ["Y", "Y_h", "Y_c"], hidden_size=hid,
+                            direction=direction)
+    ins = [helper.make_tensor_value_info("X", TensorProto.FLOAT, [seq, batch, inp]),
+           helper.make_tensor_value_info("H0", TensorProto.FLOAT, [dirs, batch, hid]),
+           helper.make_tensor_value_info("C0", TensorProto.FLOAT, [dirs, batch, hid])]
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("Y", "Y_h", "Y_c")]
+    inits = [numpy_helper.from_array(a, n) for a, n in ((w, "W"), (r, "R"), (b, "B"))]
+    m = helper.make_model(helper.make_graph([node], "l", ins, outs, inits), opset_imports=[helper.make_opsetid("", 14)])
+    feeds = {"X": R.standard_normal((seq, batch, inp)).astype(np.float32),
+             "H0": R.standard_normal((dirs, batch, hid)).astype(np.float32) * 0.5,
+             "C0": R.standard_normal((dirs, batch, hid)).astype(np.float32)}
+    return m, feeds

@@ -15,7 +15,6 @@ next one (whose table rows are written only after every chunk of the old one has
 
 from __future__ import annotations
 
-import platform
 import time
 
 import numpy as np
@@ -26,87 +25,24 @@ from numba.extending import intrinsic
 
 from rlx_format.numba_setup import numba
 
+from .atomics import add as _add
+from .atomics import backoff as _backoff
+from .atomics import load as _load
+from .atomics import store as _store
+from .atomics import swap as _swap
 from .conv_kernels import bias_act_block, tap_planes
-from .pool_layout import (FINISHED, KIND, KIND_NATIVE, NEXT, ROW_BIAS_ACT, ROW_GEMM, ROW_GEMV, ROW_SKINNY, ROW_TAPS,
+from .pool_layout import (FINISHED, KIND, KIND_NATIVE, NEXT, ROW_BIAS_ACT, ROW_GEMM, ROW_GEMV, ROW_LSTM, ROW_SKINNY,
+                          ROW_TAPS,
                           WORKED, YIELD)
 from .simd import SKINNY_ROWS, skinny_f32
-from .ufuncs import EXP_TERMS
+from .recurrent_kernels import lstm_steps
+from .ufuncs import EXP_TERMS, TANH_TERMS
 
-_X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86")
 _I32, _I64, _F32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
 
 GEN_SHIFT, COUNT_SHIFT, MASK = 44, 22, (1 << 22) - 1
 _EXP_TERMS = EXP_TERMS.size  # the sigmoid's polynomial, float32 (a bias-activation row holds its address)
-
-
-def _word_ptr(builder, context, aryty, ary, index):
-    data = context.make_array(aryty)(context, builder, ary).data
-    return builder.gep(data, [index])
-
-
-@intrinsic
-def _load(typingctx, ctrl, index):
-    """ctrl[index], an atomic acquire load (re-read on every call; a plain load may be hoisted out of a loop)."""
-    if not (isinstance(ctrl, types.Array) and ctrl.dtype == types.int64):
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.load_atomic(_word_ptr(builder, context, sig.args[0], args[0], args[1]), "acquire", 8)
-
-    return types.int64(ctrl, types.intp), codegen
-
-
-@intrinsic
-def _store(typingctx, ctrl, index, value):
-    """ctrl[index] = value, an atomic release store (what was written before is seen by whoever loads it)."""
-    if not (isinstance(ctrl, types.Array) and ctrl.dtype == types.int64):
-        return None
-
-    def codegen(context, builder, sig, args):
-        builder.store_atomic(args[2], _word_ptr(builder, context, sig.args[0], args[0], args[1]), "release", 8)
-        return context.get_dummy_value()
-
-    return types.void(ctrl, types.intp, types.int64), codegen
-
-
-@intrinsic
-def _add(typingctx, ctrl, index, value):
-    """Atomically ctrl[index] += value."""
-    if not (isinstance(ctrl, types.Array) and ctrl.dtype == types.int64):
-        return None
-
-    def codegen(context, builder, sig, args):
-        builder.atomic_rmw("add", _word_ptr(builder, context, sig.args[0], args[0], args[1]), args[2], "acq_rel")
-        return context.get_dummy_value()
-
-    return types.void(ctrl, types.intp, types.int64), codegen
-
-
-@intrinsic
-def _swap(typingctx, ctrl, index, expected, new):
-    """Compare-and-swap ctrl[index] from `expected` to `new`; True if it was swapped."""
-    if not (isinstance(ctrl, types.Array) and ctrl.dtype == types.int64):
-        return None
-
-    def codegen(context, builder, sig, args):
-        ptr = _word_ptr(builder, context, sig.args[0], args[0], args[1])
-        pair = builder.cmpxchg(ptr, args[2], args[3], "acq_rel", "acquire")
-        return builder.extract_value(pair, 1)
-
-    return types.boolean(ctrl, types.intp, types.int64, types.int64), codegen
-
-
-@intrinsic
-def _pause(typingctx):
-    """x86's PAUSE (a spin-loop hint); nothing elsewhere."""
-
-    def codegen(context, builder, sig, args):
-        if _X86:
-            fn = builder.module.declare_intrinsic("llvm.x86.sse2.pause", fnty=ir.FunctionType(ir.VoidType(), []))
-            builder.call(fn, [])
-        return context.get_dummy_value()
-
-    return types.void(), codegen
+_TANH_TERMS = TANH_TERMS.size
 
 
 def _c_caller(kinds: str):
@@ -195,6 +131,18 @@ def _run_row(ti, tf, r):  # pragma: no cover - compiled
         x = numba.carray(_f32_at(ti[r, 20]), (ti[r, 19], ti[r, 21], ti[r, 22], ti[r, 23]))
         tap_planes(x, phases, taps, offsets, y, ti[r, 11], ti[r, 12], ti[r, 13], grid, ti[r, 15], ti[r, 17] != 0,
                    ti[r, 24], ti[r, 25], ti[r, 26], ti[r, 27], ti[r, 28])
+    elif kind == ROW_LSTM:
+        seq, batch, g4 = ti[r, 2], ti[r, 3], ti[r, 4]
+        hid = g4 // 4
+        xw = numba.carray(_f32_at(ti[r, 1]), (seq, batch, g4))
+        rt = numba.carray(_f32_at(ti[r, 5]), (hid, g4))
+        hbuf = numba.carray(_f32_at(ti[r, 6]), (2, batch, hid))
+        c = numba.carray(_f32_at(ti[r, 7]), (batch, hid))
+        out = numba.carray(_f32_at(ti[r, 8]), (ti[r, 9], ti[r, 10], batch, hid))
+        exp_terms = numba.carray(_f32_at(ti[r, 13]), (_EXP_TERMS,))
+        tanh_terms = numba.carray(_f32_at(ti[r, 14]), (_TANH_TERMS,))
+        sync = numba.carray(_i64_at(ti[r, 15]), (1 + 2 * seq,))
+        lstm_steps(xw, rt, hbuf, c, out, ti[r, 11], ti[r, 12] != 0, exp_terms, tanh_terms, sync, ti[r, 16])
     elif kind == ROW_SKINNY:
         rows, k, n = ti[r, 4], ti[r, 5], ti[r, 6]
         out = numba.carray(_f32_at(ti[r, 1]), (rows * n,))
@@ -253,8 +201,8 @@ def serve(ctrl, ti, tf, starts, seen, polls):  # pragma: no cover - compiled
         if gen == seen:
             if _load(ctrl, YIELD):  # the cores are wanted elsewhere: sleep now
                 return -1, seen
+            _backoff(idle)
             idle += 1
-            _pause()
             continue
         seen = gen
         kind = _load(ctrl, KIND)
@@ -281,20 +229,20 @@ def run_and_wait(ctrl, ti, tf, starts, count, polls):  # pragma: no cover - comp
     """The caller's part of the posted job: take chunks like a worker, then poll until all `count` have
     finished; False if `polls` polls went by first."""
     _take_chunks(ctrl, ti, tf, starts)
-    for _ in range(polls):
+    for i in range(polls):
         if _load(ctrl, FINISHED) == count:
             return True
-        _pause()
+        _backoff(i)
     return _load(ctrl, FINISHED) == count
 
 
 @numba.njit(cache=True, nogil=True)
 def spin_while_equal(flags, value, polls):  # pragma: no cover - compiled
     """Poll flags[0] up to `polls` times; True as soon as it differs from `value`."""
-    for _ in range(polls):
+    for i in range(polls):
         if _load(flags, 0) != value:
             return True
-        _pause()
+        _backoff(i)
     return _load(flags, 0) != value
 
 
@@ -381,3 +329,12 @@ def put_taps(ti, r, x, phases, taps, offsets, y, n, c0, c1, grid, wq, shared, sh
     ti[r, 17], ti[r, 18], ti[r, 19] = shared, y.shape[1], y.shape[0]
     ti[r, 20], ti[r, 21], ti[r, 22], ti[r, 23] = x.ctypes.data, x.shape[1], x.shape[2], x.shape[3]
     ti[r, 24], ti[r, 25], ti[r, 26], ti[r, 27], ti[r, 28] = sh, sw, top, left, hq
+
+
+@numba.njit(cache=True, nogil=True)
+def put_lstm(ti, r, xw, rt, hbuf, c, out, d, reverse, exp_terms, tanh_terms, sync, block):  # pragma: no cover
+    """Row r: recurrent_kernels.lstm_steps(xw, rt, hbuf, c, out, d, reverse, exp_terms, tanh_terms, sync, block)."""
+    ti[r, 0], ti[r, 1], ti[r, 2], ti[r, 3], ti[r, 4] = ROW_LSTM, xw.ctypes.data, *xw.shape
+    ti[r, 5], ti[r, 6], ti[r, 7], ti[r, 8] = rt.ctypes.data, hbuf.ctypes.data, c.ctypes.data, out.ctypes.data
+    ti[r, 9], ti[r, 10], ti[r, 11], ti[r, 12] = out.shape[0], out.shape[1], d, reverse
+    ti[r, 13], ti[r, 14], ti[r, 15], ti[r, 16] = exp_terms.ctypes.data, tanh_terms.ctypes.data, sync.ctypes.data, block

@@ -7,6 +7,12 @@ in one call. The values are the generic kernel's steps, in the same float32 oper
 simd.skinny_f32 (what its MatMul takes for 2-16 rows), z = x·Wᵀ + b + that, the i, o, f gates by the sigmoid loop
 of ufuncs.py, c = f·c + i·tanh(zc), h = o·tanh(c); tanh is ufuncs.tanh_f32_loop (numpy's tanh on the generic path:
 they differ by an ulp or two).
+
+Threads: each step's hidden units are split into blocks; every thread that runs lstm_steps on the same arguments
+(the forward's threads, as chunks of one native job: threads.py) takes the current step's blocks one at a time from
+a shared counter, and the thread that finishes a step's last block moves all of them to the next step. A thread
+waits only for blocks that another thread has taken and is running, so one thread alone runs every step, whichever
+threads join, and when. Every element is computed the same way whichever thread computes it.
 """
 
 from __future__ import annotations
@@ -15,43 +21,66 @@ import numpy as np
 
 from rlx_format.numba_setup import numba
 
-from .pool_kernels import skinny_rows
+from .atomics import backoff, fetch_add, load, store
+from .simd import SKINNY_ROWS, skinny_f32
 from .ufuncs import sigmoid_f32_loop, tanh_f32_loop
 
-
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def lstm_steps(xw, rt, h, c, out, d, reverse, exp_terms, tanh_terms):  # pragma: no cover - compiled
-    """One direction of an LSTM. xw (seq, batch, 4H) float32, C-contiguous: each step's input projection with both
-    biases added; rt (H, 4H) float32, C-contiguous: this direction's Rᵀ (gate order i, o, f, c); h, c (batch, H)
-    float32, C-contiguous: the initial states, left holding the final ones; out (seq + 2, dirs, batch, H): Y[t, d]
-    written for every step t (reverse: from the last)."""
+def lstm_steps(xw, rt, hbuf, c, out, d, reverse, exp_terms, tanh_terms, sync, block):  # pragma: no cover - compiled
+    """One direction of an LSTM, or this thread's share of it. xw (seq, batch, 4H) float32, C-contiguous: each
+    step's input projection with both biases added; rt (H, 4H) float32, C-contiguous: this direction's Rᵀ (gate
+    order i, o, f, c); hbuf (2, batch, H) float32: hbuf[0] holds the initial h, and the final h ends in hbuf[seq %
+    2]; c (batch, H) float32, C-contiguous: the initial c, left holding the final one; out (seq + 2, dirs, batch, H):
+    Y[t, d] written for every step t (reverse: from the last); sync: 1 + 2 * seq zeroed int64 words shared by the
+    threads (the step in progress, then each step's blocks taken, then its blocks finished); block: hidden units
+    per block."""
     seq, batch, g4 = xw.shape
     hid = g4 // 4
-    gates = 3 * hid
-    z = np.empty(batch * g4, np.float32)
+    parts = -(-hid // block)
+    z = np.empty(batch * g4, np.float32)  # this thread's pre-activations (only its block's columns are used)
     # each loop reads one buffer and writes another: with in == out the sigmoid and tanh loops are not vectorized
-    act = np.empty(batch * gates, np.float32)  # sigmoid of the i, o, f pre-activations
-    tcand = np.empty(batch * hid, np.float32)  # tanh of the candidate's
-    tc = np.empty(batch * hid, np.float32)
-    hf, cf, rtf = h.reshape(-1), c.reshape(-1), rt.reshape(-1)
-    for step in range(seq):
-        t = seq - 1 - step if reverse else step
-        skinny_rows(z, hf, rtf, batch, hid, g4, 0, g4)
+    act = np.empty(3 * batch * block, np.float32)  # sigmoid of the block's i, o, f pre-activations
+    tcand = np.empty(batch * block, np.float32)  # tanh of its candidates'
+    tc = np.empty(batch * block, np.float32)  # tanh of its new c
+    rtf = rt.reshape(-1)
+    while True:
+        s = load(sync, 0)
+        if s >= seq:
+            return
+        k = fetch_add(sync, 1 + s, 1)
+        if k >= parts:  # every block of this step is taken: wait for the step to finish
+            polls = 0
+            while load(sync, 0) == s:
+                backoff(polls)
+                polls += 1
+            continue
+        j0 = k * block
+        w = min(hid, j0 + block) - j0
+        t = seq - 1 - s if reverse else s
+        hin, hout = hbuf[s % 2].reshape(-1), hbuf[(s + 1) % 2].reshape(-1)
+        for g in range(4):  # the block's columns of each gate: h times Rᵀ
+            for r0 in range(0, batch, SKINNY_ROWS):
+                skinny_f32(z[r0 * g4:], hin[r0 * hid:], rtf, min(batch - r0, SKINNY_ROWS), hid, g4, g * hid + j0,
+                           g * hid + j0 + w)
         xt = xw[t].reshape(-1)
-        for i in range(batch * g4):
-            z[i] = xt[i] + z[i]
-        for b in range(batch):  # each row's i, o, f and its candidate, straight from z
-            sigmoid_f32_loop(z[b * g4:b * g4 + gates], act[b * gates:(b + 1) * gates], False, exp_terms)
-            tanh_f32_loop(z[b * g4 + gates:(b + 1) * g4], tcand[b * hid:(b + 1) * hid], tanh_terms, exp_terms)
         for b in range(batch):
-            for j in range(hid):
-                k = b * hid + j
-                g = b * gates + j
-                cf[k] = act[g + 2 * hid] * cf[k] + act[g] * tcand[k]  # f * c + i * tanh(zc)
-        tanh_f32_loop(cf, tc, tanh_terms, exp_terms)
-        y = out[t, d].reshape(-1)
-        for b in range(batch):
-            for j in range(hid):
-                k = b * hid + j
-                hf[k] = act[b * gates + hid + j] * tc[k]  # o * tanh(c)
-                y[k] = hf[k]
+            for g in range(4):
+                at = b * g4 + g * hid + j0
+                for j in range(w):
+                    z[at + j] = xt[at + j] + z[at + j]
+            for g in range(3):
+                at = b * g4 + g * hid + j0
+                sigmoid_f32_loop(z[at:at + w], act[(3 * b + g) * w:(3 * b + g + 1) * w], False, exp_terms)
+            at = b * g4 + 3 * hid + j0
+            tanh_f32_loop(z[at:at + w], tcand[b * w:(b + 1) * w], tanh_terms, exp_terms)
+            cb = c[b, j0:j0 + w]
+            for j in range(w):  # f * c + i * tanh(zc)
+                cb[j] = act[(3 * b + 2) * w + j] * cb[j] + act[3 * b * w + j] * tcand[b * w + j]
+            tanh_f32_loop(cb, tc[b * w:(b + 1) * w], tanh_terms, exp_terms)
+            y = out[t, d, b]
+            for j in range(w):  # o * tanh(c)
+                v = act[(3 * b + 1) * w + j] * tc[b * w + j]
+                hout[b * hid + j0 + j] = v
+                y[j0 + j] = v
+        if fetch_add(sync, 1 + seq + s, 1) == parts - 1:  # the step's last block: on to the next step
+            store(sync, 0, s + 1)

@@ -9,6 +9,8 @@ Y_h (and Y_c).
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from rlx_format.ops.infer_rnn import DEFAULT_ACTIVATIONS, GATES, STATES
@@ -142,14 +144,40 @@ def _numba_lstm(xp, op, a, x, xw, r, peep, lens, d, dirs) -> bool:
             and default and a["clip"] is None and peep is None and not a["input_forget"] and lens is None)
 
 
+_MIN_STEP_SPLIT = 1 << 18  # multiply-adds of a step's state times Rᵀ from which its hidden units split over the
+#                           threads (~3 us of GEMM; handing a step's blocks over costs well under a microsecond)
+
+
 def _lstm_direction(xw, r, ht, ct, out, d: int, reverse: bool) -> None:
-    """One direction's steps by the numba kernel; its final h and c go to out's last two rows."""
+    """One direction's steps by the numba kernel, each step's hidden units in blocks over the forward's threads;
+    its final h and c go to out's last two rows."""
     from ..recurrent_kernels import lstm_steps
+    from ..threads import Steps, threads_in_use
     from ..ufuncs import EXP_TERMS, TANH_TERMS
-    h = np.array(ht, np.float32, order="C")  # fresh copies: the kernel updates them in place
-    c = np.array(ct, np.float32, order="C")
-    lstm_steps(np.ascontiguousarray(xw), np.ascontiguousarray(r.T), h, c, out, d, reverse, EXP_TERMS, TANH_TERMS)
-    out[-2, d] = h
+    seq, batch, g4 = xw.shape
+    hid = g4 // 4
+    threads = threads_in_use() if batch * g4 * hid >= _MIN_STEP_SPLIT else 1
+    block = -(-hid // threads)
+    block = min(hid, -(-block // 32) * 32)  # whole 32-column vectors of the few-rows GEMM
+    hbuf = np.empty((2, batch, hid), np.float32)
+    hbuf[0] = ht
+    c = np.array(ct, np.float32, order="C")  # a fresh copy: the kernel updates it in place
+    sync = np.zeros(1 + 2 * seq, np.int64)
+    args = (np.ascontiguousarray(xw), np.ascontiguousarray(r.T), hbuf, c, out, d, reverse, EXP_TERMS, TANH_TERMS,
+            sync, block)
+    chunks = -(-hid // block)
+    with Steps(chunks, True) as steps:  # every chunk runs the steps' shared loop: whoever is free takes blocks
+        steps.keep += args
+        for _ in range(chunks):
+            if steps.native:
+                k, ints, _, row = steps.tables()
+                k.put_lstm(ints, row, *args)
+                steps.added()
+            else:
+                steps.added(partial(lstm_steps, *args))
+            steps.end_chunk()
+        steps.run()
+    out[-2, d] = hbuf[seq % 2]
     out[-1, d] = c
 
 
