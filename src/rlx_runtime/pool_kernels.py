@@ -31,18 +31,15 @@ from .atomics import load as _load
 from .atomics import store as _store
 from .atomics import swap as _swap
 from .conv_kernels import bias_act_block, tap_planes
-from .pool_layout import (FINISHED, KIND, KIND_NATIVE, NEXT, ROW_BIAS_ACT, ROW_GEMM, ROW_GEMV, ROW_LSTM, ROW_SKINNY,
-                          ROW_TAPS,
+from .pool_layout import (FINISHED, KIND, KIND_NATIVE, NEXT, ROW_BIAS_ACT, ROW_GEMM, ROW_GEMV, ROW_SKINNY, ROW_TAPS,
                           WORKED, YIELD)
 from .simd import SKINNY_ROWS, skinny_f32
-from .recurrent_kernels import lstm_steps
-from .ufuncs import EXP_TERMS, TANH_TERMS
+from .ufuncs import EXP_TERMS
 
 _I32, _I64, _F32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
 
 GEN_SHIFT, COUNT_SHIFT, MASK = 44, 22, (1 << 22) - 1
 _EXP_TERMS = EXP_TERMS.size  # the sigmoid's polynomial, float32 (a bias-activation row holds its address)
-_TANH_TERMS = TANH_TERMS.size
 
 
 def _c_caller(kinds: str):
@@ -131,18 +128,6 @@ def _run_row(ti, tf, r):  # pragma: no cover - compiled
         x = numba.carray(_f32_at(ti[r, 20]), (ti[r, 19], ti[r, 21], ti[r, 22], ti[r, 23]))
         tap_planes(x, phases, taps, offsets, y, ti[r, 11], ti[r, 12], ti[r, 13], grid, ti[r, 15], ti[r, 17] != 0,
                    ti[r, 24], ti[r, 25], ti[r, 26], ti[r, 27], ti[r, 28])
-    elif kind == ROW_LSTM:
-        seq, batch, g4 = ti[r, 2], ti[r, 3], ti[r, 4]
-        hid = g4 // 4
-        xw = numba.carray(_f32_at(ti[r, 1]), (seq, batch, g4))
-        rt = numba.carray(_f32_at(ti[r, 5]), (hid, g4))
-        hbuf = numba.carray(_f32_at(ti[r, 6]), (2, batch, hid))
-        c = numba.carray(_f32_at(ti[r, 7]), (batch, hid))
-        out = numba.carray(_f32_at(ti[r, 8]), (ti[r, 9], ti[r, 10], batch, hid))
-        exp_terms = numba.carray(_f32_at(ti[r, 13]), (_EXP_TERMS,))
-        tanh_terms = numba.carray(_f32_at(ti[r, 14]), (_TANH_TERMS,))
-        sync = numba.carray(_i64_at(ti[r, 15]), (1 + 2 * seq,))
-        lstm_steps(xw, rt, hbuf, c, out, ti[r, 11], ti[r, 12] != 0, exp_terms, tanh_terms, sync, ti[r, 16])
     elif kind == ROW_SKINNY:
         rows, k, n = ti[r, 4], ti[r, 5], ti[r, 6]
         out = numba.carray(_f32_at(ti[r, 1]), (rows * n,))
@@ -330,11 +315,3 @@ def put_taps(ti, r, x, phases, taps, offsets, y, n, c0, c1, grid, wq, shared, sh
     ti[r, 20], ti[r, 21], ti[r, 22], ti[r, 23] = x.ctypes.data, x.shape[1], x.shape[2], x.shape[3]
     ti[r, 24], ti[r, 25], ti[r, 26], ti[r, 27], ti[r, 28] = sh, sw, top, left, hq
 
-
-@numba.njit(cache=True, nogil=True)
-def put_lstm(ti, r, xw, rt, hbuf, c, out, d, reverse, exp_terms, tanh_terms, sync, block):  # pragma: no cover
-    """Row r: recurrent_kernels.lstm_steps(xw, rt, hbuf, c, out, d, reverse, exp_terms, tanh_terms, sync, block)."""
-    ti[r, 0], ti[r, 1], ti[r, 2], ti[r, 3], ti[r, 4] = ROW_LSTM, xw.ctypes.data, *xw.shape
-    ti[r, 5], ti[r, 6], ti[r, 7], ti[r, 8] = rt.ctypes.data, hbuf.ctypes.data, c.ctypes.data, out.ctypes.data
-    ti[r, 9], ti[r, 10], ti[r, 11], ti[r, 12] = out.shape[0], out.shape[1], d, reverse
-    ti[r, 13], ti[r, 14], ti[r, 15], ti[r, 16] = exp_terms.ctypes.data, tanh_terms.ctypes.data, sync.ctypes.data, block

@@ -9,7 +9,7 @@ NEXT, FINISHED, KIND, WORKED = 0, 8, 16, 24  # WORKED: chunks the workers ran (f
 YIELD, CTRL_SIZE = 32, 40  # YIELD: idle workers stop polling (a numba parallel kernel wants the cores)
 KIND_NATIVE, KIND_PYTHON, KIND_CLOSED = 0, 1, 2
 # table rows: column 0 is the kind; the columns of each, then its floats
-ROW_GEMM, ROW_GEMV, ROW_BIAS_ACT, ROW_TAPS, ROW_SKINNY, ROW_LSTM = 1, 2, 3, 4, 5, 6
+ROW_GEMM, ROW_GEMV, ROW_BIAS_ACT, ROW_TAPS, ROW_SKINNY = 1, 2, 3, 4, 5
 INT_COLUMNS, FLOAT_COLUMNS = 32, 4
 # ROW_GEMM: fn, wide, order, transa, transb, m, n, k, a, lda, b, ldb, c, ldc | alpha, beta
 # ROW_GEMV: fn, wide, order, trans, m, n, a, lda, x, incx, y, incy | alpha, beta
@@ -18,5 +18,3 @@ INT_COLUMNS, FLOAT_COLUMNS = 32, 4
 # ROW_TAPS: phases, N', C', L, taps, T, offsets, y, OH, OW, n, c0, c1, grid, wq, grid size, shared, O, N,
 #   x, C, H, W, sh, sw, top, left, hq (phases: all images' and channels' when shared, else one channel's)
 # ROW_SKINNY: out, x, wt, rows, k, n, c0, c1 (simd.skinny_f32 over blocks of SKINNY_ROWS rows)
-# ROW_LSTM: xw, seq, batch, 4H, rt, hbuf, c, out, out rows, dirs, d, reverse, exp terms, tanh terms, sync, block
-#   (recurrent_kernels.lstm_steps)

@@ -9,8 +9,6 @@ Y_h (and Y_c).
 
 from __future__ import annotations
 
-from functools import partial
-
 import numpy as np
 
 from rlx_format.ops.infer_rnn import DEFAULT_ACTIVATIONS, GATES, STATES
@@ -152,7 +150,7 @@ def _lstm_direction(xw, r, ht, ct, out, d: int, reverse: bool) -> None:
     """One direction's steps by the numba kernel, each step's hidden units in blocks over the forward's threads;
     its final h and c go to out's last two rows."""
     from ..recurrent_kernels import lstm_steps
-    from ..threads import Steps, threads_in_use
+    from ..threads import run_chunks, threads_in_use
     from ..ufuncs import EXP_TERMS, TANH_TERMS
     seq, batch, g4 = xw.shape
     hid = g4 // 4
@@ -165,18 +163,9 @@ def _lstm_direction(xw, r, ht, ct, out, d: int, reverse: bool) -> None:
     sync = np.zeros(1 + 2 * seq, np.int64)
     args = (np.ascontiguousarray(xw), np.ascontiguousarray(r.T), hbuf, c, out, d, reverse, EXP_TERMS, TANH_TERMS,
             sync, block)
-    chunks = -(-hid // block)
-    with Steps(chunks, True) as steps:  # every chunk runs the steps' shared loop: whoever is free takes blocks
-        steps.keep += args
-        for _ in range(chunks):
-            if steps.native:
-                k, ints, _, row = steps.tables()
-                k.put_lstm(ints, row, *args)
-                steps.added()
-            else:
-                steps.added(partial(lstm_steps, *args))
-            steps.end_chunk()
-        steps.run()
+    # one chunk per block, each the steps' shared loop (Python jobs: each thread takes the GIL once per call,
+    # then runs every step without it)
+    run_chunks(-(-hid // block), lambda _: lstm_steps(*args))
     out[-2, d] = hbuf[seq % 2]
     out[-1, d] = c
 
