@@ -188,3 +188,75 @@ def test_copy_f32_reads_and_writes_nothing_past_the_row(copy_rows):
         "print('ok')\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-2000:])
+
+
+# ---------------------------------------------------------------- sum_f32 (GlobalAveragePool's channel sums)
+@pytest.fixture(scope="module")
+def row_sum():
+    from rlx_format.numba_setup import numba
+    from rlx_runtime.simd import sum_f32
+
+    @numba.njit(error_model="numpy")
+    def run(src, start, count):
+        return sum_f32(src, start, count)
+    return run
+
+
+def test_sum_f32_is_exact_on_integers_for_every_count_and_offset(row_sum):
+    """Small integers sum exactly in float32 in any order: every count through three 128-element blocks and a
+    partial tail (each of the four accumulators' tail vectors, whole and masked), at three offsets."""
+    src = R.integers(-50, 50, 600).astype(np.float32)
+    for count in range(0, 420):
+        for start in (0, 3, 17):
+            assert row_sum(src, start, count) == src[start:start + count].astype(np.int64).sum(), (count, start)
+
+
+def test_sum_f32_zeros_nan_and_inf(row_sum):
+    neg = np.full(45, -0.0, np.float32)
+    assert row_sum(neg, 0, 45) == 0 and np.signbit(row_sum(neg, 0, 45))  # -0.0 + -0.0 stays -0.0
+    mixed = neg.copy()
+    mixed[7] = 0.0
+    assert not np.signbit(row_sum(mixed, 0, 45))
+    assert np.signbit(row_sum(neg, 0, 0))  # the empty sum is IEEE's additive identity
+    x = np.ones(200, np.float32)
+    x[150] = np.nan
+    assert np.isnan(row_sum(x, 0, 200)) and row_sum(x, 0, 150) == 150
+    x[150] = np.inf
+    assert row_sum(x, 0, 200) == np.inf
+    x[3] = -np.inf
+    assert np.isnan(row_sum(x, 0, 200))
+
+
+def test_sum_f32_reads_nothing_past_the_row(row_sum):
+    """The masked tail loads only the elements summed: a row ending right before an inaccessible page (a child
+    process, so that a fault fails this test and not pytest)."""
+    import subprocess
+    import sys
+    here = str(Path(__file__).parent)
+    code = (
+        "import numpy as np, sys\n"
+        f"sys.path.insert(0, {here!r})\n"
+        "import test_simd_kernels as t\n"
+        "from rlx_format.numba_setup import numba\n"
+        "from rlx_runtime.simd import sum_f32\n"
+        "@numba.njit(error_model='numpy')\n"
+        "def run(src, start, count):\n"
+        "    return sum_f32(src, start, count)\n"
+        "for count in range(1, 300):\n"
+        "    src, m = t._guarded(count)\n"
+        "    src[:] = 1\n"
+        "    assert run(src, 0, count) == count, count\n"
+        "print('ok')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-2000:])
+
+
+def test_global_average_pool_by_the_vector_sums_matches_float64():
+    from rlx_format.numba_setup import numba  # noqa: F401 - the vector path is taken once numba is loaded
+    from rlx_runtime.kernels import nn
+    for shape in [(2, 3, 7, 5), (1, 96, 112, 112), (1, 5, 131), (1, 4, 2, 3, 4)]:
+        x = R.standard_normal(shape).astype(np.float32)
+        got = nn._gap_cpu(np, {}, x)
+        want = x.astype(np.float64).mean(axis=tuple(range(2, x.ndim)), keepdims=True)
+        assert got.shape == want.shape and got.dtype == np.float32
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-7)

@@ -467,12 +467,12 @@ def _while(builder, cond, body):
 
 def _masked(builder, op: str, vty, ptr, mask, value=None):
     """llvm.masked.load / llvm.masked.store of vty at ptr: lanes whose mask bit is clear are neither read nor
-    written (a masked-off lane past the end of a buffer does not fault); a load gives 0.0 there."""
+    written (a masked-off lane past the end of a buffer does not fault); a load gives `value` there (0.0 if None)."""
     bits = ir.VectorType(ir.IntType(1), vty.count)
     name = f"llvm.masked.{op}.v{vty.count}f32.p0"
     if op == "load":
         fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vty, [ptr.type, _I32, bits, vty]), name)
-        return builder.call(fn, [ptr, ir.Constant(_I32, 4), mask, ir.Constant(vty, None)])
+        return builder.call(fn, [ptr, ir.Constant(_I32, 4), mask, value or ir.Constant(vty, None)])
     fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [vty, ptr.type, _I32, bits]),
                                         name)
     return builder.call(fn, [value, ptr, ir.Constant(_I32, 4), mask])
@@ -550,3 +550,44 @@ def copy_f32(typingctx, dst, at, src, start, count, step):
         return context.get_dummy_value()
 
     return types.void(dst, at, src, start, count, step), codegen
+
+
+SUM_CHAINS = 4  # 32-lane accumulators sum_f32 keeps (consecutive vectors go to each in turn)
+
+
+@intrinsic
+def sum_f32(typingctx, src, start, count):
+    """The sum of src[start:start + count] (float32) in a fixed order: vectors of 32 taken in turn by SUM_CHAINS
+    accumulators from -0.0, the last partial vector masked (its missing lanes add -0.0; nothing past the end is
+    read), then the accumulators and lanes by a fixed halving tree: the same bits on every CPU, an error like a
+    pairwise sum's (each element passes through about count / 128 additions in its lane, then 7 in the tree)."""
+    if not (_is_f32(src) and isinstance(start, types.Integer) and isinstance(count, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        sp = builder.gep(_data(context, builder, sig.args[0], args[0]).data, [builder.sext(args[1], _I64)])
+        n = builder.sext(args[2], _I64) if args[2].type.width < 64 else args[2]
+        zero = _const(_VF, -0.0)  # IEEE's additive identity (-0.0 + x is x for every x, -0.0 included)
+        blocks = builder.sdiv(n, ir.Constant(_I64, SUM_CHAINS * LANES))
+
+        def body(b, accs):
+            return [builder.fadd(acc, _load_vec(builder, sp, _offset(builder, b, SUM_CHAINS * LANES, k * LANES), _VF))
+                    for k, acc in enumerate(accs)]
+
+        accs = _block_loop(builder, ir.Constant(_I64, 0), blocks, [zero] * SUM_CHAINS, body)
+        done = builder.mul(blocks, ir.Constant(_I64, SUM_CHAINS * LANES))
+        slot = cgutils.alloca_once_value(builder, done)
+        cells = [cgutils.alloca_once_value(builder, a) for a in accs]
+        for k in range(SUM_CHAINS):  # the rest, a vector (the last one masked) into each accumulator in turn
+            at = builder.load(slot)
+            left = builder.sub(n, at)
+            with builder.if_then(builder.icmp_signed(">", left, ir.Constant(_I64, 0))):
+                whole = builder.icmp_signed(">=", left, ir.Constant(_I64, LANES))
+                v = _masked(builder, "load", _VF, builder.gep(sp, [at]),
+                            builder.select(whole, ir.Constant(ir.VectorType(ir.IntType(1), LANES), [1] * LANES),
+                                           _first_lanes(builder, left, LANES)), zero)
+                builder.store(builder.fadd(builder.load(cells[k]), v), cells[k])
+                builder.store(builder.add(at, ir.Constant(_I64, LANES)), slot)
+        return _lane_sum(builder, _tree_sum(builder, [builder.load(c) for c in cells]))
+
+    return types.float32(src, start, count), codegen

@@ -366,6 +366,18 @@ def _gap(xp, a, x):
     return xp.mean(x, axis=tuple(range(2, x.ndim)), keepdims=True, dtype=x.dtype)
 
 
+@kernel("GlobalAveragePool", backend="cpu")
+def _gap_cpu(xp, a, x):
+    """float32 once numba is loaded: each channel's sum by rlx's vector kernel (a fixed order, the same bits on every
+    CPU; numpy's pairwise sum sums in another order), divided by the count as np.mean does."""
+    if x.dtype != np.float32 or x.ndim < 3 or x.size == 0 or sys.modules.get("numba") is None:
+        return _gap(xp, a, x)
+    from ..conv_kernels import row_means
+    out = np.empty(x.shape[:2] + (1,) * (x.ndim - 2), np.float32)
+    row_means(np.ascontiguousarray(x).reshape(-1), out.reshape(-1), math.prod(x.shape[2:]))
+    return out
+
+
 @kernel("BatchNormalization")
 def _bn(xp, a, x, scale, bias, mean, var):
     shp = (1, -1) + (1,) * (x.ndim - 2)
