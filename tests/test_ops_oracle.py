@@ -499,3 +499,19 @@ def test_scatter_elements(axis, reduction):
     a = {"axis": axis, "reduction": reduction}
     np.testing.assert_allclose(run_op("ScatterElements", [x, idx, upd], a),
                                ort_run("ScatterElements", [x, idx, upd], a), rtol=1e-6)
+
+
+@pytest.mark.parametrize("attrs", [{"kernel_shape": [7, 7]}, {"kernel_shape": [7, 7], "strides": [2, 2]},
+                                   {"kernel_shape": [7, 7], "ceil_mode": 1, "strides": [3, 3]},
+                                   {"kernel_shape": [5, 7], "pads": [1, 0, 1, 0], "count_include_pad": 1}])
+def test_avgpool_whose_window_is_the_whole_input(attrs, monkeypatch):
+    """A window as large as the input is GlobalAveragePool on the CPU (unpadded; a padded one keeps the pooling
+    path): onnxruntime's values, and the taken path checked."""
+    from rlx_format.numba_setup import numba  # noqa: F401 - the GAP's vector sums
+    from rlx_runtime.kernels import nn
+    calls = []
+    real = nn._gap_cpu
+    monkeypatch.setattr(nn, "_gap_cpu", lambda *a: calls.append(1) or real(*a))
+    x = R.standard_normal((2, 64, 7, 7)).astype(np.float32)
+    np.testing.assert_allclose(run_op("AveragePool", [x], attrs), ort_run("AveragePool", [x], attrs), **F32_TOL)
+    assert bool(calls) == ("pads" not in attrs)
