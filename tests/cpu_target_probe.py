@@ -115,6 +115,18 @@ def compute() -> dict[str, np.ndarray]:
         xa = r.standard_normal((5, 300)).astype(np.float32)
         xa.reshape(-1)[::37] = np.nan
         out["few_rows_matmul"] = few_rows_matmul(xa, r.standard_normal((300, 203)).astype(np.float32))
+        from rlx_runtime.ufuncs import tanh_f32  # the LSTM kernel's tanh: fixed IEEE operations
+        out["tanh"] = tanh_f32(f)
+        # GlobalAveragePool's vector sums (4 chains, a masked tail, a fixed tree), NaN/Inf channels included
+        xg = r.standard_normal((2, 5, 13, 11)).astype(np.float32)
+        xg.reshape(-1)[::97] = np.inf
+        xg.reshape(-1)[5::131] = np.nan
+        out["global_average_pool"] = _run("GlobalAveragePool", [xg], {})
+        # an LSTM on the numba step kernel (few-rows GEMM, sigmoid, tanh), a hidden size of 40 (a partial vector)
+        xl = r.standard_normal((6, 3, 9)).astype(np.float32)
+        wl = (r.standard_normal((1, 160, 9)) * 0.4).astype(np.float32)
+        rl = (r.standard_normal((1, 160, 40)) * 0.2).astype(np.float32)
+        out["lstm"] = _run("LSTM", [xl, wl, rl], {"hidden_size": 40}, consts=(1, 2))
         for to in ("i8", "u8", "i16", "i32", "i64"):
             out[f"cast/{to}"] = _run("Cast", [f], {"to": to})
             out[f"cast16/{to}"] = _run("Cast", [f.astype(np.float16)], {"to": to})
