@@ -162,32 +162,34 @@ def _guarded(count: int):
     return arr, m
 
 
-def test_copy_f32_reads_and_writes_nothing_past_the_row(copy_rows):
-    """The vector steps may only touch the elements copied: source and destination each end right before an
-    inaccessible page, so a read or write one element past them would kill the test process. (Run in a child
-    process, so that such a crash fails this test instead of pytest.)"""
+def _in_a_child(body: str) -> None:
+    """Run `body` (Python, after importing numpy as np, numba, this module as t and the simd module as simd) in a
+    child process, so that a fault from an access past a guarded buffer fails the test instead of pytest; it must
+    print ok."""
     import subprocess
     import sys
     here = str(Path(__file__).parent)
-    code = (
-        "import numpy as np, sys\n"
-        f"sys.path.insert(0, {here!r})\n"
-        "import test_simd_kernels as t\n"
-        "from rlx_format.numba_setup import numba\n"
-        "from rlx_runtime.simd import copy_f32\n"
+    code = (f"import sys\nsys.path.insert(0, {here!r})\n"
+            "import numpy as np\nimport test_simd_kernels as t\nfrom rlx_format.numba_setup import numba\n"
+            "from rlx_runtime import simd\n" + body + "print('ok')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-2000:])
+
+
+def test_copy_f32_reads_and_writes_nothing_past_the_row(copy_rows):
+    """The vector steps may only touch the elements copied: source and destination each end right before an
+    inaccessible page, so a read or write one element past them would kill the process."""
+    _in_a_child(
         "@numba.njit(error_model='numpy')\n"
         "def run(dst, at, src, start, count, step):\n"
-        "    copy_f32(dst, at, src, start, count, step)\n"
+        "    simd.copy_f32(dst, at, src, start, count, step)\n"
         "for step in (1, 2):\n"
         "    for count in range(1, 80):\n"
         "        src, m1 = t._guarded((count - 1) * step + 1)\n"
         "        src[:] = np.arange(src.size, dtype=np.float32)\n"
         "        dst, m2 = t._guarded(count)\n"
         "        run(dst, 0, src, 0, count, step)\n"
-        "        assert np.array_equal(dst, src[::step]), (step, count)\n"
-        "print('ok')\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-2000:])
+        "        assert np.array_equal(dst, src[::step]), (step, count)\n")
 
 
 # ---------------------------------------------------------------- sum_f32 (GlobalAveragePool's channel sums)
@@ -228,27 +230,15 @@ def test_sum_f32_zeros_nan_and_inf(row_sum):
 
 
 def test_sum_f32_reads_nothing_past_the_row(row_sum):
-    """The masked tail loads only the elements summed: a row ending right before an inaccessible page (a child
-    process, so that a fault fails this test and not pytest)."""
-    import subprocess
-    import sys
-    here = str(Path(__file__).parent)
-    code = (
-        "import numpy as np, sys\n"
-        f"sys.path.insert(0, {here!r})\n"
-        "import test_simd_kernels as t\n"
-        "from rlx_format.numba_setup import numba\n"
-        "from rlx_runtime.simd import sum_f32\n"
+    """The masked tail loads only the elements summed: a row ending right before an inaccessible page."""
+    _in_a_child(
         "@numba.njit(error_model='numpy')\n"
         "def run(src, start, count):\n"
-        "    return sum_f32(src, start, count)\n"
+        "    return simd.sum_f32(src, start, count)\n"
         "for count in range(1, 300):\n"
         "    src, m = t._guarded(count)\n"
         "    src[:] = 1\n"
-        "    assert run(src, 0, count) == count, count\n"
-        "print('ok')\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-2000:])
+        "    assert run(src, 0, count) == count, count\n")
 
 
 def test_global_average_pool_by_the_vector_sums_matches_float64():
