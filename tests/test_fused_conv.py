@@ -282,3 +282,19 @@ def test_small_pointwise_convs_take_the_unfused_kernels(xs, ws, tiny, monkeypatc
     fused = compiled.run({"x": x})["act"]
     assert bool(calls) == tiny
     np.testing.assert_array_equal(fused, _unfused(g, monkeypatch).run({"x": x})["act"])
+
+
+def test_the_epilogue_follows_a_new_bias():
+    """The epilogue object is kept per plan step and bias array: a different bias (a run-time param set anew) must
+    be applied, not the first one."""
+    from rlx_runtime.kernels import nn
+    a = prepare_attrs("FusedConv", {"strides": [1, 1], "pads": [1, 1, 1, 1], "group": 1, "activation": "Sigmoid",
+                                    "min": None, "max": None, "alpha": 0.0, "beta": 0.5, "kernel_shape": [3, 3],
+                                    "dilations": [1, 1]})
+    x = RNG.standard_normal((1, 4, 30, 30)).astype(np.float32)
+    w = RNG.standard_normal((6, 4, 3, 3)).astype(np.float32)
+    b1, b2 = (RNG.standard_normal(6).astype(np.float32) for _ in range(2))
+    first = nn._fused_conv_cpu(np, a, x, w, b1)
+    second = nn._fused_conv_cpu(np, a, x, w, b2)
+    np.testing.assert_array_equal(second, nn._fused_conv_cpu(np, dict(a, _epilogue=None), x, w, b2))
+    assert not np.array_equal(first, second)

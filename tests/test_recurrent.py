@@ -323,3 +323,21 @@ def _model_sized(op, direction, hid, batch, seq=7, inp=12):
              "H0": R.standard_normal((dirs, batch, hid)).astype(np.float32) * 0.5,
              "C0": R.standard_normal((dirs, batch, hid)).astype(np.float32)}
     return m, feeds
+
+
+def test_the_lstm_kernel_follows_a_new_recurrence_weight():
+    """Rᵀ is kept per plan step and weight: a different R (a run-time param set anew) must be used, not the
+    first one's transpose."""
+    from rlx_runtime.kernels import recurrent
+    from rlx_runtime.kernels.registry import prepare_attrs
+    a = prepare_attrs("LSTM", {"hidden_size": 8, "direction": "forward", "activations": None,
+                               "activation_alpha": None, "activation_beta": None, "clip": None, "optional": [],
+                               "input_forget": 0})
+    x = R.standard_normal((4, 2, 5)).astype(np.float32)
+    w = R.standard_normal((1, 32, 5)).astype(np.float32)
+    r1, r2 = (R.standard_normal((1, 32, 8)).astype(np.float32) for _ in range(2))
+    first = recurrent._lstm(np, a, x, w, r1)
+    second = recurrent._lstm(np, a, x, w, r2)
+    np.testing.assert_array_equal(second, recurrent._lstm(np, dict(a), x, w, r2))
+    assert not np.array_equal(first, second)
+    np.testing.assert_array_equal(recurrent._lstm(np, a, x, w, r1), first)

@@ -99,12 +99,12 @@ def _recurrent(xp, op: str, a: dict, x, w, r, rest):
         # one small GEMM per step: 14 ms of a 64-step LSTM layer that takes 2 ms this way)
         xw = backend_matmul(xp, x.reshape(seq * batch, -1), w[d].T).reshape(seq, batch, -1)
         if wb is not None:
-            xw = xw + (wb if op == "GRU" else wb + rb)  # GRU adds Rbh inside the reset product
+            xw += (wb if op == "GRU" else wb + rb)  # GRU adds Rbh inside the reset product (xw is the GEMM's own)
         ht = opt["initial_h"][d] if "initial_h" in opt else xp.zeros((batch, h), dt)
         ct = None if op != "LSTM" else opt["initial_c"][d] if "initial_c" in opt else xp.zeros((batch, h), dt)
         peep = opt.get("P")
         if _numba_lstm(xp, op, a, x, xw, r, peep, lens, d, dirs):
-            _lstm_direction(xw, r[d], ht, ct, out, d, reverse)
+            _lstm_direction(xw, _transposed_weight(a, r, d), ht, ct, out, d, reverse)
             continue
         step_fn = {"LSTM": _lstm_step, "GRU": _gru_step, "RNN": _rnn_step}[op]
         rd = _step_weights(xp, r[d])
@@ -146,7 +146,16 @@ _MIN_STEP_SPLIT = 1 << 18  # multiply-adds of a step's state times Rᵀ from whi
 #                           threads (~3 us of GEMM; handing a step's blocks over costs well under a microsecond)
 
 
-def _lstm_direction(xw, r, ht, ct, out, d: int, reverse: bool) -> None:
+def _transposed_weight(a: dict, r, d: int):
+    """Rᵀ of direction d, C-contiguous: made once per plan step and weight (the steps' attrs are their own), not
+    per forward (a 1 MiB copy per layer of the LSTM benchmark model)."""
+    cached = a.get("_rt")
+    if cached is None or cached[0] is not r:
+        cached = a["_rt"] = (r, [np.ascontiguousarray(r[k].T) for k in range(r.shape[0])])
+    return cached[1][d]
+
+
+def _lstm_direction(xw, rt, ht, ct, out, d: int, reverse: bool) -> None:
     """One direction's steps by the numba kernel, each step's hidden units in blocks over the forward's threads;
     its final h and c go to out's last two rows."""
     from ..recurrent_kernels import lstm_steps
@@ -161,8 +170,7 @@ def _lstm_direction(xw, r, ht, ct, out, d: int, reverse: bool) -> None:
     hbuf[0] = ht
     c = np.array(ct, np.float32, order="C")  # a fresh copy: the kernel updates it in place
     sync = np.zeros(1 + 2 * seq, np.int64)
-    args = (np.ascontiguousarray(xw), np.ascontiguousarray(r.T), hbuf, c, out, d, reverse, EXP_TERMS, TANH_TERMS,
-            sync, block)
+    args = (np.ascontiguousarray(xw), rt, hbuf, c, out, d, reverse, EXP_TERMS, TANH_TERMS, sync, block)
     # one chunk per block, each the steps' shared loop (Python jobs: each thread takes the GIL once per call,
     # then runs every step without it)
     run_chunks(-(-hid // block), lambda _: lstm_steps(*args))
