@@ -121,7 +121,7 @@ def yield_cpu(typingctx):
 # PAUSEs a spin-wait starts with before it yields the CPU at every poll: the thread it waits for may have been put on
 # this CPU by the scheduler, and a spin without yielding then holds it up for a whole time slice. Measured on this
 # 2-vCPU VM in bursts of forwards after idle pauses, when woken workers shared the caller's CPU: a 2-thread LSTM
-# forward took 12-19 ms instead of 5 (the same with both threads pinned apart).
+# forward took 12-23 ms instead of ~5 (a steady 5 with the two threads pinned apart by hand).
 SPIN_PAUSES = 64
 
 

@@ -91,6 +91,11 @@ def taps2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp,
     work = o * len(offsets) * oh * wq * TAP_COST
     edges = chunk_edges(o, threads_for(n * work), min_chunk=8)
     fill = (sh, sw, pads[0], pads[1], hq)
+
+    def block(b: int, c0: int, c1: int) -> tuple:
+        """The epilogue's block of y3 for image b, output channels c0..c1."""
+        return (b, b + 1, c0, c1) if dense else (b * o + c0, b * o + c1, 0, 1)
+
     if len(edges) == 2:  # one chunk: the same calls in the same order, on this thread, without a job around them
         grid = np.empty(size, np.float32)
         if not dense:
@@ -98,7 +103,7 @@ def taps2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp,
         for b in range(n):
             tap_planes(x, phases, taps, offsets, y, b, 0, o, grid, wq, dense, *fill)
             if epilogue is not None:
-                epilogue(y3, *((b, b + 1, 0, o) if dense else (b * o, b * o + o, 0, 1)), 0, oh * ow)
+                epilogue(y3, *block(b, 0, o), 0, oh * ow)
         return y
     with Steps(n * len(edges) * (1 if epilogue is None else 2), epilogue is None or hasattr(epilogue, "put")) as steps:
         steps.keep += (x, taps, offsets, y)  # the rows hold only their addresses
@@ -115,8 +120,7 @@ def taps2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp,
                 else:
                     steps.added(partial(tap_planes, x, phases, taps, offsets, y, b, c0, c1, grid, wq, dense, *fill))
                 if epilogue is not None:
-                    block = (b, b + 1, c0, c1) if dense else (b * o + c0, b * o + c1, 0, 1)
-                    steps.epilogue(epilogue, y3, *block, 0, oh * ow)
+                    steps.epilogue(epilogue, y3, *block(b, c0, c1), 0, oh * ow)
             steps.end_chunk()
         steps.run()
     return y

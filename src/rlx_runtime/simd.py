@@ -582,10 +582,8 @@ def sum_f32(typingctx, src, start, count):
             at = builder.load(slot)
             left = builder.sub(n, at)
             with builder.if_then(builder.icmp_signed(">", left, ir.Constant(_I64, 0))):
-                whole = builder.icmp_signed(">=", left, ir.Constant(_I64, LANES))
-                v = _masked(builder, "load", _VF, builder.gep(sp, [at]),
-                            builder.select(whole, ir.Constant(ir.VectorType(ir.IntType(1), LANES), [1] * LANES),
-                                           _first_lanes(builder, left, LANES)), zero)
+                # every lane set while a whole vector is left: the first `left` lanes, as many as there are
+                v = _masked(builder, "load", _VF, builder.gep(sp, [at]), _first_lanes(builder, left, LANES), zero)
                 builder.store(builder.fadd(builder.load(cells[k]), v), cells[k])
                 builder.store(builder.add(at, ir.Constant(_I64, LANES)), slot)
         return _lane_sum(builder, _tree_sum(builder, [builder.load(c) for c in cells]))

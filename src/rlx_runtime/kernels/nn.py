@@ -194,8 +194,7 @@ def _conv_nobias_cpu(a, x, w, epilogue=None):
     nsp = x.ndim - 2
     strides, dil, pads = _spatial(a, nsp)
     if nsp == 2:
-        kh, kw = w.shape[2:]
-        if kh == kw == 1 and a["group"] == 1 and strides[0] == strides[1] == 1 and not any(pads):
+        if _pointwise_2d(a, x, w):
             # pointwise: the input is the column matrix (conv_nobias' 1x1 case, without its shape bookkeeping:
             # a squeeze-excite block's 1x1-pixel convs are mostly overhead)
             n, c, h, wd = x.shape
@@ -207,11 +206,23 @@ def _conv_nobias_cpu(a, x, w, epilogue=None):
             return conv_taps.taps2d(x, w, strides, dil, pads, out_sp, epilogue)
         if conv_shifted.use_shifted(x, w, strides, a["group"], out_sp):
             return conv_shifted.conv2d_shifted(x, w, dil, pads, out_sp, epilogue)
-        if x.dtype == np.float32 and sys.modules.get("numba") is not None:
+        if x.dtype == np.float32 and _numba_loaded():
             # the same columns either way; numba's copy only once numba is loaded anyway (a Relu CNN's first
             # forward does not pay its start-up for this)
             return conv_nobias(np, a, x, w, epilogue, _im2col_numba)
     return conv_nobias(np, a, x, w, epilogue)
+
+
+def _pointwise_2d(a, x, w) -> bool:
+    """A 1x1, stride-1, unpadded, group-1 2-D conv: its input is the column matrix."""
+    return (x.ndim == 4 and w.shape[2] == w.shape[3] == 1 and a["group"] == 1 and not any(a.get("pads") or ())
+            and all(s == 1 for s in a.get("strides") or ()))
+
+
+def _numba_loaded() -> bool:
+    """Whether numba is imported already: kernels that only copy or sum (the same values either way) take their numba
+    versions then, so a forward that needs numba for nothing else does not pay its start-up."""
+    return sys.modules.get("numba") is not None
 
 
 def _im2col_numba(xp, x, k, strides, dil, pads, out_sp):
@@ -250,10 +261,8 @@ TINY_OUTPUT = 4096
 
 
 def _tiny_pointwise(a, x, w) -> bool:
-    """A 1x1, stride-1, unpadded 2-D conv with at most TINY_OUTPUT outputs."""
-    return (x.ndim == 4 and w.shape[2] == w.shape[3] == 1 and a["group"] == 1 and not any(a.get("pads") or ())
-            and all(s == 1 for s in a.get("strides") or ()) and x.shape[0] * w.shape[0] * x.shape[2] * x.shape[3]
-            <= TINY_OUTPUT)
+    """A pointwise 2-D conv (_pointwise_2d) with at most TINY_OUTPUT outputs."""
+    return _pointwise_2d(a, x, w) and x.shape[0] * w.shape[0] * x.shape[2] * x.shape[3] <= TINY_OUTPUT
 
 
 @kernel("FusedConv", backend="cpu")
@@ -379,7 +388,7 @@ def _gap(xp, a, x):
 def _gap_cpu(xp, a, x):
     """float32 once numba is loaded: each channel's sum by rlx's vector kernel (a fixed order, the same bits on every
     CPU; numpy's pairwise sum sums in another order), divided by the count as np.mean does."""
-    if x.dtype != np.float32 or x.ndim < 3 or x.size == 0 or sys.modules.get("numba") is None:
+    if x.dtype != np.float32 or x.ndim < 3 or x.size == 0 or not _numba_loaded():
         return _gap(xp, a, x)
     from ..conv_kernels import row_means
     out = np.empty(x.shape[:2] + (1,) * (x.ndim - 2), np.float32)
