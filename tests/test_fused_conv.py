@@ -298,3 +298,44 @@ def test_the_epilogue_follows_a_new_bias():
     second = nn._fused_conv_cpu(np, a, x, w, b2)
     np.testing.assert_array_equal(second, nn._fused_conv_cpu(np, dict(a, _epilogue=None), x, w, b2))
     assert not np.array_equal(first, second)
+
+
+@pytest.mark.parametrize("act,kw", [("Relu", {}), ("LeakyRelu", {"alpha": 0.07}), ("Clip", {"lo": 0.0, "hi": 6.0}),
+                                    ("Clip", {"lo": -0.0, "hi": 0.0}), ("Clip", {"lo": np.nan, "hi": 1.0}),
+                                    ("Clip", {"lo": None, "hi": -0.0}), ("HardSwish", {"alpha": 1.0, "beta": -0.0})],
+                         ids=str)
+def test_the_numba_epilogue_gives_the_unfused_kernels_bits(act, kw):
+    """Bit for bit, signed zeros included (assert_array_equal takes -0.0 == 0.0): numpy's maximum(v, 0) of -0.0 is
+    0.0, and a Clip bound ties the same way."""
+    from rlx_runtime.conv_kernels import bias_activation
+    y = _inputs((2, 5, 61)).reshape(2, 5, 61)
+    y.reshape(-1)[5::9] = -0.0
+    lo, hi = kw.get("lo"), kw.get("hi")
+    ep = bias_activation(None, act, kw.get("alpha", 0.0), lo, hi, beta=kw.get("beta", 0.5))
+    got = y.copy()
+    ep(got, 0, 2, 0, 5, 0, 61)
+    if act == "HardSwish":
+        t = np.float32(kw["beta"]) + y * np.float32(kw["alpha"])
+        want = y * KERNELS["Clip"](np, {"min": 0.0, "max": 1.0}, t)
+    else:
+        want = KERNELS[act](np, {"alpha": kw.get("alpha"), "min": lo, "max": hi}, y)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("numba_loaded", [False, True])
+@pytest.mark.parametrize("xs,ws,attrs", [CONVS[0], CONVS[2], CONVS[6]], ids=str)
+def test_relu_fused_conv_before_and_after_numba_loads(xs, ws, attrs, numba_loaded, monkeypatch):
+    """Before numba is loaded a Relu FusedConv runs numpy passes, after it the numba epilogue: the same bits."""
+    from rlx_runtime.kernels import nn
+    g = _graph(xs, ws, attrs, "Relu", {})
+    ref = _unfused(g, monkeypatch)
+    calls = []
+    real = nn._conv_nobias_cpu
+    monkeypatch.setattr(nn, "_numba_loaded", lambda: numba_loaded)
+    monkeypatch.setattr(nn, "_conv_nobias_cpu", lambda a, x, w, ep=None: calls.append(ep) or real(a, x, w, ep))
+    fused = Session().compile(g)
+    for feed in (_inputs(xs), RNG.standard_normal(xs).astype(np.float32)):
+        want = ref.run({"x": feed})["act"]
+        calls.clear()
+        np.testing.assert_array_equal(fused.run({"x": feed})["act"].view(np.uint32), want.view(np.uint32))
+        assert calls and all((ep is not None) == numba_loaded for ep in calls)

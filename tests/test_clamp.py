@@ -1,0 +1,111 @@
+"""Relu, Clip and LeakyRelu on the CPU (rlx_runtime/clamp.py and the kernels' CPU overrides): the same function as
+the generic kernels (numpy's maximum/minimum against a scalar, np.where), bit for bit: signed zeros and NaN
+payloads included, across the chunk boundaries of clamp's bound runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlx_runtime import clamp
+from rlx_runtime.backend import CPU
+from rlx_runtime.kernels import KERNELS
+
+RNG = np.random.default_rng(11)
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    """The array's bit patterns (the test compares signed zeros and NaN payloads too)."""
+    return a.view({2: np.uint16, 4: np.uint32, 8: np.uint64}[a.itemsize])
+
+
+def _specials(n: int, dtype=np.float32) -> np.ndarray:
+    x = (RNG.standard_normal(n) * 3).astype(dtype)
+    x[::7] = np.nan
+    x[1::11] = -np.nan  # x86's default NaN has its sign bit set
+    x[2::13] = np.inf
+    x[3::17] = -np.inf
+    x[4::5] = -0.0
+    x[5::19] = 0.0
+    return x
+
+
+SIZES = [0, 1, 31, clamp.CHUNK - 1, clamp.CHUNK, clamp.CHUNK + 1, 3 * clamp.CHUNK + 17]
+BOUNDS = [(0.0, None), (None, 6.0), (0.0, 6.0), (-0.5, 0.75), (0.0, -0.0), (1.0, -1.0), (np.nan, 1.0),
+          (None, np.nan), (-0.0, None)]
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("lo,hi", BOUNDS, ids=str)
+def test_clamp_is_numpys_maximum_then_minimum_with_scalars(n, lo, hi):
+    x = _specials(n)
+    want = x
+    if lo is not None:
+        want = np.maximum(want, np.float32(lo))
+    if hi is not None:
+        want = np.minimum(want, np.float32(hi))
+    got = clamp.clamp(x, lo, hi)
+    np.testing.assert_array_equal(_bits(got), _bits(want))
+    inplace = x.copy()
+    assert clamp.clamp(inplace, lo, hi, out=inplace) is inplace
+    np.testing.assert_array_equal(_bits(inplace), _bits(want))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float64])
+def test_clamp_other_float_dtypes(dtype):
+    x = _specials(clamp.CHUNK + 5, dtype)
+    np.testing.assert_array_equal(_bits(clamp.clamp(x, 0.0, 6.0)),
+                                  _bits(np.minimum(np.maximum(x, dtype(0.0)), dtype(6.0))))
+
+
+def test_clamp_of_a_strided_view_and_without_bounds():
+    x = _specials(3 * clamp.CHUNK + 9).reshape(-1, 3)[:, 1]
+    assert not x.flags.c_contiguous
+    np.testing.assert_array_equal(_bits(clamp.relu(x)), _bits(np.maximum(x, np.float32(0))))
+    y = clamp.clamp(x, None, None)
+    assert y is not x
+    np.testing.assert_array_equal(_bits(y), _bits(x))
+    z = _specials(40)
+    np.testing.assert_array_equal(_bits(clamp.clamp(z, None, None)), _bits(z))
+
+
+def test_clamp_bound_runs_are_read_only_and_shared():
+    a = clamp._run(np.dtype(np.float32), np.float32(6.0))
+    assert a is clamp._run(np.dtype(np.float32), np.float32(6.0)) and not a.flags.writeable
+    assert a.size == clamp.CHUNK and (a == 6).all()
+    assert np.signbit(clamp._run(np.dtype(np.float32), np.float32(-0.0))).all()  # not the cached 0.0 run
+    assert not np.signbit(clamp._run(np.dtype(np.float32), np.float32(0.0))).any()
+
+
+@pytest.mark.parametrize("shape", [(3, 5, 7), (2, clamp.CHUNK + 3), ()])
+def test_cpu_relu_kernel_is_the_generic_one(shape):
+    x = _specials(int(np.prod(shape))).reshape(shape)
+    np.testing.assert_array_equal(_bits(np.asarray(CPU.kernel("Relu")(np, {}, x))),
+                                  _bits(np.asarray(KERNELS["Relu"](np, {}, x))))
+
+
+@pytest.mark.parametrize("attrs,ins", [({"min": 0.0, "max": 6.0}, ()),
+                                       ({"min": None, "max": None}, (np.float32(-1), np.float32(2))),
+                                       ({"min": None, "max": None}, (np.array(0.5, np.float32),)),
+                                       ({"min": None, "max": None}, (None, np.array([1.5], np.float32))),
+                                       ({"min": -1.0, "max": None}, ())])
+def test_cpu_clip_kernel_is_the_generic_one(attrs, ins):
+    x = _specials(3 * clamp.CHUNK + 3).reshape(3, -1)
+    got = CPU.kernel("Clip")(np, attrs, x, *ins)
+    np.testing.assert_array_equal(_bits(got), _bits(KERNELS["Clip"](np, attrs, x, *ins)))
+
+
+def test_cpu_clip_of_integers_and_without_bounds():
+    x = np.arange(-5, 6, dtype=np.int32)
+    np.testing.assert_array_equal(CPU.kernel("Clip")(np, {"min": -2, "max": 3}, x), np.clip(x, -2, 3))
+    y = _specials(10)
+    assert CPU.kernel("Clip")(np, {"min": None, "max": None}, y) is y  # an alias, as the generic kernel
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.01, 0.2, 1.0, 1.5, -0.3])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_cpu_leaky_relu_is_the_generic_one(alpha, dtype):
+    x = _specials(1000, dtype)
+    got = CPU.kernel("LeakyRelu")(np, {"alpha": alpha}, x)
+    np.testing.assert_array_equal(_bits(got), _bits(KERNELS["LeakyRelu"](np, {"alpha": alpha}, x)))
