@@ -401,6 +401,97 @@ def test_pointwise_convs_match_onnxruntime_and_fused_equals_unfused(xs, threads,
         np.testing.assert_array_equal(fused.run({"x": x})["act"], unfused.run({"x": x})["act"])
 
 
+# -------------------------------------------------------------- pointwise convs by simd.skinny_f32 (conv_pointwise.py)
+# (x shape, outputs): a masked last vector and outputs not a multiple of 8 (210 pixels, 37 channels), two images,
+# a 7x7 plane (49 pixels: split by output channels at 2 threads), a single 32-pixel vector
+POINTWISE = [((1, 24, 14, 15), 37), ((2, 16, 9, 9), 72), ((1, 96, 7, 7), 144), ((1, 5, 4, 8), 130)]
+
+
+@pytest.fixture
+def pointwise_calls(monkeypatch):
+    from rlx_runtime import conv_pointwise
+    calls = []
+    real = conv_pointwise.pointwise
+    monkeypatch.setattr(conv_pointwise, "pointwise", lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("xs,o", POINTWISE, ids=str)
+def test_skinny_pointwise_convs_match_onnxruntime_and_sum_each_dot_in_order(xs, o, pointwise_calls, split_small):
+    """Each output is its products added by fma in order of the input channel from 0.0 (within a dot product's
+    rounding of the float64 value), onnxruntime's values, and the same bits at one and two threads (split by
+    pixels, or by blocks of output channels)."""
+    w = RNG.standard_normal((o, xs[1], 1, 1)).astype(np.float32)
+    b = RNG.standard_normal(o).astype(np.float32)
+    _check_against_onnxruntime(xs, w, b, {}, pointwise_calls)
+    x = RNG.standard_normal(xs).astype(np.float32)
+    compiled = Session().compile(_rlx_conv(xs, w, b, {}))
+    with threadpool_limits(1, "blas"):
+        one = compiled.run({"x": x})["conv"]
+    with threadpool_limits(2, "blas"):
+        two = compiled.run({"x": x})["conv"]
+    np.testing.assert_array_equal(one, two)
+    x64 = x.reshape(xs[0], xs[1], -1).astype(np.float64)
+    w64 = w.reshape(o, -1).astype(np.float64)
+    exact = (w64 @ x64).reshape(one.shape) + b.reshape(1, -1, 1, 1)
+    bound = (xs[1] + 1) * np.finfo(np.float32).eps * ((np.abs(w64) @ np.abs(x64)).reshape(one.shape)
+                                                     + np.abs(b).reshape(1, -1, 1, 1))
+    assert np.all(np.abs(one - exact) <= bound)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("act", ["Relu", "Sigmoid", "Silu", "LeakyRelu"])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("xs,o", POINTWISE[:3], ids=str)
+def test_skinny_pointwise_fused_equals_unfused(xs, o, act, threads, pointwise_calls, split_small, monkeypatch):
+    w = RNG.standard_normal((o, xs[1], 1, 1)).astype(np.float32)
+    b = RNG.standard_normal(o).astype(np.float32)
+    _assert_fused_gives_the_unfused_bits(_rlx_conv(xs, w, b, {}, act), xs, threads, monkeypatch)
+    assert pointwise_calls
+
+
+def test_skinny_pointwise_clip_and_hard_swish_epilogues(pointwise_calls, monkeypatch):
+    """The epilogue's other activations, on the block each 8-channel GEMM block leaves in cache."""
+    from rlx_runtime.conv_kernels import bias_activation
+    from rlx_runtime.conv_pointwise import pointwise
+    x = RNG.standard_normal((2, 24, 70)).astype(np.float32) * 3
+    w = RNG.standard_normal((37, 24)).astype(np.float32)
+    b = RNG.standard_normal(37).astype(np.float32)
+    plain = pointwise(w, x)
+    for act, kw in [("Clip", {"lo": -0.5, "hi": 0.75}), ("HardSwish", {"alpha": 1 / 6})]:
+        ep = bias_activation(b, act, kw.get("alpha", 0.0), kw.get("lo"), kw.get("hi"))
+        want = plain.copy()
+        ep(want, 0, 2, 0, 37, 0, 70)
+        np.testing.assert_array_equal(pointwise(w, x, ep).view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("xs,o,dtype,grouped,taken", [
+    ((1, 24, 14, 14), 144, np.float32, False, True),
+    ((1, 1152, 7, 7), 192, np.float32, False, True),
+    ((1, 1153, 7, 7), 192, np.float32, False, False),  # more input channels than MAX_CHANNELS: the BLAS
+    ((1, 144, 1, 1), 576, np.float32, False, False),  # a squeeze-excite conv: too few outputs
+    ((1, 24, 14, 14), 144, np.float64, False, False),
+    ((1, 24, 14, 14), 144, np.float32, True, False)], ids=str)  # a grouped epilogue: not this path's kind
+def test_which_pointwise_convs_take_the_skinny_kernel(xs, o, dtype, grouped, taken):
+    from rlx_runtime.conv_kernels import bias_activation
+    from rlx_runtime.conv_pointwise import use_pointwise
+    ep = bias_activation(None, "Relu", 0.0, None, None, groups=2 if grouped else 1)
+    assert use_pointwise(np.zeros(xs, dtype), np.zeros((o, xs[1], 1, 1), dtype), ep) is taken
+
+
+def test_without_numba_pointwise_convs_are_one_blas_gemm(pointwise_calls, monkeypatch):
+    import sys
+    x = RNG.standard_normal((1, 24, 14, 14)).astype(np.float32)
+    w = RNG.standard_normal((144, 24, 1, 1)).astype(np.float32)
+    a = {"strides": [1, 1], "dilations": [1, 1], "pads": [0, 0, 0, 0], "group": 1}
+    with_numba = nn._conv_nobias_cpu(a, x, w)
+    assert pointwise_calls == [1]
+    monkeypatch.setitem(sys.modules, "numba", None)
+    without = nn._conv_nobias_cpu(a, x, w)
+    assert pointwise_calls == [1]
+    np.testing.assert_allclose(with_numba, without, rtol=1e-5, atol=1e-5)
+
+
 # ---------------------------------------------------------------- im2col by numba (conv_kernels.im2col_2d)
 IM2COL_CASES = CASES + [
     ((2, 3, 17, 23), (4, 3, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),

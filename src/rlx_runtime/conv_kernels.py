@@ -22,53 +22,88 @@ ACTIVATION_CODES = {"Relu": 0, "Sigmoid": 1, "Silu": 2, "LeakyRelu": 3, "Clip": 
 # conv run on several threads at once (threads.matmul)
 @numba.njit(cache=True, error_model="numpy", nogil=True)
 def bias_act_block(y, b0, b1, r0, r1, c0, c1, groups, bias, has_bias, act, alpha, beta, has_lo, lo, has_hi, hi,
-                    terms):  # pragma: no cover - compiled
+                   terms):  # pragma: no cover - compiled
     """y: the whole (B, M, N) float32 GEMM output (C-contiguous), changed in place in [b0, b1) x [r0, r1) x
     [c0, c1); row r of matrix b is channel (b % groups) * M + r; bias: (channels,)."""
-    w = c1 - c0
-    tmp = np.empty(w, np.float32)
-    for bi in range(b0, b1):
-        for r in range(r0, r1):
-            row = y[bi, r, c0:c1]
-            bv = bias[(bi % groups) * y.shape[1] + r] if has_bias else np.float32(0.0)
-            if act == 1 or act == 2:
-                # the sigmoid loop reads one buffer and writes another: with in == out LLVM's alias check
-                # fails and the scalar loop runs (measured 6x slower)
-                for i in range(w):
-                    tmp[i] = row[i] + bv if has_bias else row[i]
-                sigmoid_f32_loop(tmp, row, act == 2, terms)
-                continue
-            if has_bias:
-                for i in range(w):
+    bias_act_rows(y.reshape(-1), y.shape[1], y.shape[2], b0, b1, r0, r1, c0, c1, groups, bias, has_bias, act, alpha,
+                  beta, has_lo, lo, has_hi, hi, terms, act_scratch(act, c1 - c0))
+
+
+@numba.njit(cache=True, error_model="numpy", nogil=True)
+def act_scratch(act, width):  # pragma: no cover - compiled
+    """bias_act_rows' scratch: for the sigmoid loops (which read one buffer and write another: with in == out
+    LLVM's alias check failed and the scalar loop ran, 6x slower) at least a row's worth, none otherwise (an
+    allocation per call cost 7 us over a 576-channel 7x7 conv's 72 blocks)."""
+    return np.empty(max(width, 2048) if act == 1 or act == 2 else 0, np.float32)
+
+
+@numba.njit(cache=True, error_model="numpy", nogil=True)
+def bias_act_rows(flat, m, n, b0, b1, r0, r1, c0, c1, groups, bias, has_bias, act, alpha, beta, has_lo, lo, has_hi,
+                  hi, terms, tmp):  # pragma: no cover - compiled
+    """bias_act_block on the (B, m, n) output given flat, with its scratch given (act_scratch). Each row gets its
+    bias; then a block of whole rows is one run for the activation (a 7x7 conv's 49-element rows: the loop
+    set-up per row was most of the cost)."""
+    if has_bias:
+        for bi in range(b0, b1):
+            for r in range(r0, r1):
+                bv = bias[(bi % groups) * m + r]
+                row = flat[(bi * m + r) * n + c0:(bi * m + r) * n + c1]
+                for i in range(c1 - c0):
                     row[i] += bv
-            # np.maximum(v, b) is v if v > b or v is NaN, else b (a tie gives b: -0.0 against 0.0 gives 0.0), and
-            # np.minimum(v, b) v if v < b or v is NaN, else b: spelled out so, below
-            if act == 0:  # Relu: np.maximum(v, 0)
-                for i in range(w):
-                    v = row[i]
-                    row[i] = v if v > 0 or v != v else np.float32(0.0)
-            elif act == 3:  # LeakyRelu: where(v >= 0, v, v * alpha); NaN takes the second branch and stays NaN
-                for i in range(w):
-                    v = row[i]
-                    row[i] = v if v >= 0 else v * alpha
-            elif act == 5:  # HardSwish as lowered: v * Clip(v * alpha + beta, 0, 1), the Clip as below
-                for i in range(w):
-                    v = row[i]
-                    t = v * alpha  # two roundings, as the unfused Mul and Add (no fma: no fastmath here)
-                    t = t + beta
-                    if not (t > 0 or t != t):
-                        t = np.float32(0.0)
-                    if not (t < 1 or t != t):
-                        t = np.float32(1.0)
-                    row[i] = v * t
-            else:  # Clip: np.maximum with lo, then np.minimum with hi (a NaN on either side gives NaN)
-                for i in range(w):
-                    v = row[i]
-                    if has_lo and not (v > lo or v != v):
-                        v = lo
-                    if has_hi and not (v < hi or v != v):
-                        v = hi
-                    row[i] = v
+    if c0 == 0 and c1 == n and r0 == 0 and r1 == m:  # whole matrices (a depthwise conv's are single rows)
+        activate(flat, b0 * m * n, (b1 - b0) * m * n, act, alpha, beta, has_lo, lo, has_hi, hi, terms, tmp)
+        return
+    for bi in range(b0, b1):
+        if c0 == 0 and c1 == n:
+            activate(flat, (bi * m + r0) * n, (r1 - r0) * n, act, alpha, beta, has_lo, lo, has_hi, hi, terms, tmp)
+        else:
+            for r in range(r0, r1):
+                activate(flat, (bi * m + r) * n + c0, c1 - c0, act, alpha, beta, has_lo, lo, has_hi, hi, terms, tmp)
+
+
+@numba.njit(cache=True, error_model="numpy", nogil=True, inline="always")
+def activate(flat, start, count, act, alpha, beta, has_lo, lo, has_hi, hi, terms, tmp):  # pragma: no cover
+    """The activation in place on flat[start:start + count] (ACTIVATION_CODES; tmp: act_scratch's)."""
+    if act == 1 or act == 2:  # through tmp, a piece at a time: see act_scratch
+        done = 0
+        while done < count:
+            k = min(tmp.size, count - done)
+            piece = flat[start + done:start + done + k]
+            for i in range(k):
+                tmp[i] = piece[i]
+            sigmoid_f32_loop(tmp[:k], piece, act == 2, terms)
+            done += k
+        return
+    run = flat[start:start + count]
+    # np.maximum(v, b) is v if v > b or v is NaN, else b (a tie gives b: -0.0 against 0.0 gives 0.0), and
+    # np.minimum(v, b) v if v < b or v is NaN, else b: spelled out so below, as single selects (a short-circuit
+    # `or` left branches in the loop: 20-30% slower)
+    if act == 0:  # Relu: np.maximum(v, 0); v <= 0 is false for NaN
+        for i in range(count):
+            v = run[i]
+            run[i] = np.float32(0.0) if v <= 0 else v
+    elif act == 3:  # LeakyRelu: where(v >= 0, v, v * alpha); NaN takes the second branch and stays NaN
+        for i in range(count):
+            v = run[i]
+            run[i] = v if v >= 0 else v * alpha
+    elif act == 5:  # HardSwish as lowered: v * Clip(v * alpha + beta, 0, 1), the Clip as below
+        for i in range(count):
+            v = run[i]
+            t = v * alpha  # two roundings, as the unfused Mul and Add (no fma: no fastmath here)
+            t = t + beta
+            if t <= 0:
+                t = np.float32(0.0)
+            if t >= 1:
+                t = np.float32(1.0)
+            run[i] = v * t
+    else:  # Clip: np.maximum with lo, then np.minimum with hi (a NaN on either side gives NaN)
+        for i in range(count):
+            v = run[i]
+            if has_lo and not ((v > lo) | (v != v)):
+                v = lo
+            if has_hi and not ((v < hi) | (v != v)):
+                v = hi
+            run[i] = v
 
 
 class BiasActivation:

@@ -30,7 +30,7 @@ from .atomics import backoff as _backoff
 from .atomics import load as _load
 from .atomics import store as _store
 from .atomics import swap as _swap
-from .conv_kernels import bias_act_block, tap_planes
+from .conv_kernels import act_scratch, bias_act_block, bias_act_rows, tap_planes
 from .pool_layout import (FINISHED, KIND, KIND_NATIVE, NEXT, ROW_BIAS_ACT, ROW_GEMM, ROW_GEMV, ROW_SKINNY, ROW_TAPS,
                           WORKED, YIELD)
 from .simd import SKINNY_ROWS, skinny_f32
@@ -133,23 +133,38 @@ def _run_row(ti, tf, r):  # pragma: no cover - compiled
         out = numba.carray(_f32_at(ti[r, 1]), (rows * n,))
         x = numba.carray(_f32_at(ti[r, 2]), (rows * k,))
         wt = numba.carray(_f32_at(ti[r, 3]), (k * n,))
-        skinny_rows(out, x, wt, rows, k, n, ti[r, 7], ti[r, 8])
+        bias = numba.carray(_f32_at(ti[r, 11]), (ti[r, 12],))
+        terms = numba.carray(_f32_at(ti[r, 17]), (_EXP_TERMS,))
+        skinny_rows(out, x, wt, rows, k, n, ti[r, 7], ti[r, 8], ti[r, 9], ti[r, 10], bias, ti[r, 13] != 0,
+                    ti[r, 14], np.float32(tf[r, 0]), np.float32(tf[r, 1]), ti[r, 15] != 0, np.float32(tf[r, 2]),
+                    ti[r, 16] != 0, np.float32(tf[r, 3]), terms)
 
 
 @numba.njit(cache=True, nogil=True)
-def skinny_rows(out, x, wt, rows, k, n, c0, c1):  # pragma: no cover - compiled
-    """out (rows, n) = x (rows, k) @ wt (k, n) on columns c0..c1 (flat C-order float32), SKINNY_ROWS rows at a
-    time."""
-    for j0 in range(0, rows, SKINNY_ROWS):
-        j1 = min(rows, j0 + SKINNY_ROWS)
+def skinny_rows(out, x, wt, rows, k, n, c0, c1, r0, r1, bias, has_bias, act, alpha, beta, has_lo, lo, has_hi, hi,
+                terms):  # pragma: no cover - compiled
+    """out (rows, n) = x (rows, k) @ wt (k, n) on rows r0..r1 and columns c0..c1 (flat C-order float32),
+    SKINNY_ROWS rows at a time; with act >= 0 each block then gets conv_kernels.bias_act_block (bias per row:
+    a pointwise conv's epilogue) while it is still in cache."""
+    tmp = act_scratch(act, c1 - c0)
+    for j0 in range(r0, r1, SKINNY_ROWS):
+        j1 = min(r1, j0 + SKINNY_ROWS)
         skinny_f32(out[j0 * n:], x[j0 * k:], wt, j1 - j0, k, n, c0, c1)
+        if act >= 0:
+            bias_act_rows(out, rows, n, 0, 1, j0, j1, c0, c1, 1, bias, has_bias, act, alpha, beta, has_lo, lo, has_hi,
+                          hi, terms, tmp)
 
 
 @numba.njit(cache=True, nogil=True)
-def put_skinny(ti, r, out, x, wt, c0, c1):  # pragma: no cover - compiled
-    """Row r: skinny_rows on columns c0..c1 of out = x @ wt (C-contiguous 2-D float32)."""
+def put_skinny(ti, tf, r, out, x, wt, c0, c1, r0, r1, bias, has_bias, act, has_lo, has_hi, terms, alpha, beta, lo,
+               hi):  # pragma: no cover - compiled
+    """Row r: skinny_rows on rows r0..r1 and columns c0..c1 of out = x @ wt (C-contiguous 2-D float32), with the
+    epilogue's fields as put_bias_act's (act -1: none)."""
     ti[r, 0], ti[r, 1], ti[r, 2], ti[r, 3] = ROW_SKINNY, out.ctypes.data, x.ctypes.data, wt.ctypes.data
     ti[r, 4], ti[r, 5], ti[r, 6], ti[r, 7], ti[r, 8] = x.shape[0], x.shape[1], wt.shape[1], c0, c1
+    ti[r, 9], ti[r, 10], ti[r, 11], ti[r, 12], ti[r, 13] = r0, r1, bias.ctypes.data, bias.size, has_bias
+    ti[r, 14], ti[r, 15], ti[r, 16], ti[r, 17] = act, has_lo, has_hi, terms.ctypes.data
+    tf[r, 0], tf[r, 1], tf[r, 2], tf[r, 3] = alpha, beta, lo, hi
 
 
 @numba.njit(cache=True, nogil=True)

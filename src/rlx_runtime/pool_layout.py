@@ -17,4 +17,6 @@ INT_COLUMNS, FLOAT_COLUMNS = 32, 4
 #   | alpha, beta, lo, hi
 # ROW_TAPS: phases, N', C', L, taps, T, offsets, y, OH, OW, n, c0, c1, grid, wq, grid size, shared, O, N,
 #   x, C, H, W, sh, sw, top, left, hq (phases: all images' and channels' when shared, else one channel's)
-# ROW_SKINNY: out, x, wt, rows, k, n, c0, c1 (simd.skinny_f32 over blocks of SKINNY_ROWS rows)
+# ROW_SKINNY: out, x, wt, rows, k, n, c0, c1, r0, r1, bias, nbias, has_bias, act, has_lo, has_hi, terms
+#   | alpha, beta, lo, hi (simd.skinny_f32 over blocks of SKINNY_ROWS rows, each then given ROW_BIAS_ACT's
+#   epilogue unless act is -1)

@@ -562,8 +562,7 @@ def _matmul_2d(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None) -> np.nd
     m, n = a.shape[0], b.shape[1]
     work = m * n * a.shape[1]
     threads = threads_for(work) if m > 1 else threads_in_use() if work >= _MIN_GEMV_SPLIT else 1
-    gemm = float_gemm(a.dtype)
-    if threads <= 1 or gemm is None or a.shape[1] == 0:
+    if threads <= 1 or float_gemm(a.dtype) is None or a.shape[1] == 0:
         return _whole(a, b, epilogue)
     if blas_threads_instead(threads):
         with blas_threads(threads):
@@ -602,25 +601,57 @@ def few_rows_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
     if not (a.ndim == 2 and b.ndim == 2 and a.dtype == b.dtype == np.float32 and 2 <= a.shape[0] <= SKINNY_MAX_ROWS
             and b.flags.c_contiguous and a.shape[1] == b.shape[0] and a.shape[1] >= 16 and b.shape[1] >= 64):
         return None
-    from . import pool_kernels
     a = np.ascontiguousarray(a)
     m, n = a.shape[0], b.shape[1]
     out = np.empty((m, n), np.float32)
     threads = threads_for(m * n * a.shape[1])
-    edges = [e // 32 * 32 for e in chunk_edges(n, threads, 64)[:-1]] + [n]  # whole 32-column vectors per chunk
+    edges = column_edges(n, threads)
     with Steps(len(edges), True) as steps:
         for c0, c1 in zip(edges, edges[1:]):
-            if steps.native:
-                k, ints, _, r = steps.tables()
-                k.put_skinny(ints, r, out, a, b, c0, c1)
-                steps.added()
-            else:
-                steps.added(partial(pool_kernels.skinny_rows, out.reshape(-1), a.reshape(-1), b.reshape(-1), m,
-                                    a.shape[1], n, c0, c1))
+            skinny_step(steps, a, b, out, c0, c1, 0, m)
             steps.end_chunk()
-        steps.keep += (a, b, out)
         steps.run()
     return out
+
+
+def column_edges(n: int, threads: int) -> list[int]:
+    """chunk_edges over n columns in whole 32-column vectors (the last chunk takes the rest)."""
+    return [e // 32 * 32 for e in chunk_edges(n, threads, 64)[:-1]] + [n]
+
+
+_no_epilogue: tuple | None = None
+
+
+def skinny_epilogue(epilogue) -> tuple:
+    """pool_kernels.skinny_rows' epilogue arguments (bias, has_bias, act, alpha, beta, has_lo, lo, has_hi, hi,
+    terms) for a one-group conv_kernels.BiasActivation, or for none (act -1)."""
+    global _no_epilogue
+    if epilogue is not None:
+        return epilogue.args[1:]
+    if _no_epilogue is None:
+        from .ufuncs import EXP_TERMS
+        z = np.float32(0)
+        _no_epilogue = (np.zeros(1, np.float32), False, -1, z, z, False, z, False, z, EXP_TERMS)
+    return _no_epilogue
+
+
+def skinny_step(steps: Steps, a: np.ndarray, b: np.ndarray, out: np.ndarray, c0: int, c1: int, r0: int, r1: int,
+                epilogue=None) -> None:
+    """A step of `steps`: out[r0:r1, c0:c1] = (a @ b) there by simd.skinny_f32 (pool_kernels.skinny_rows; 2-D
+    C-contiguous float32), then, with `epilogue` (a conv_kernels.BiasActivation of one group), its bias (per row)
+    and activation on that block, a few rows at a time while they are in cache."""
+    from . import pool_kernels
+    ep = skinny_epilogue(epilogue)
+    if steps.native:
+        k, ints, floats, r = steps.tables()
+        bias, has_bias, act, alpha, beta, has_lo, lo, has_hi, hi, terms = ep
+        k.put_skinny(ints, floats, r, out, a, b, c0, c1, r0, r1, bias, has_bias, act, has_lo, has_hi, terms, alpha,
+                     beta, lo, hi)
+        steps.added()
+    else:
+        steps.added(partial(pool_kernels.skinny_rows, out.reshape(-1), a.reshape(-1), b.reshape(-1), a.shape[0],
+                            a.shape[1], b.shape[1], c0, c1, r0, r1, *ep))
+    steps.keep += (a, b, out, ep)  # a native row holds only their addresses
 
 
 def matmul(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None = None) -> np.ndarray:
@@ -629,6 +660,8 @@ def matmul(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None = None) -> np
     runs on each finished block."""
     if (a.ndim < 2 or b.ndim < 2 or a.dtype != b.dtype or a.dtype not in (np.float32, np.float64)):
         return _whole(a, b, epilogue)
+    if a.ndim == b.ndim == 2:  # the common case, without the batch bookkeeping (a few us: SE blocks' convs)
+        return _matmul_2d(a, b, epilogue)
     batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     if math.prod(batch) == 1:

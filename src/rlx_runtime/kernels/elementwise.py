@@ -9,6 +9,7 @@ import numpy as np
 from rlx_format.dtypes import bf16_words, compute_dtype, float_to_int
 
 from ..backend import special
+from ..clamp import SMALL, clamp, relu
 from .registry import kernel, register
 
 
@@ -57,7 +58,6 @@ _unary("Not", lambda xp, x: xp.logical_not(x))
 
 @kernel("Relu", backend="cpu")
 def _relu_cpu(xp, a, x):
-    from ..clamp import relu
     return relu(x)
 
 
@@ -122,10 +122,12 @@ def _clip(xp, a, x, lo=None, hi=None):
 def _clip_cpu(xp, a, x, lo=None, hi=None):
     lo = a["min"] if lo is None else lo
     hi = a["max"] if hi is None else hi
-    bounds = [v for v in (lo, hi) if v is not None]
-    if x.dtype.kind == "f" and bounds and all(np.size(v) == 1 for v in bounds):
-        from ..clamp import clamp
-        return clamp(x, *(None if v is None else x.dtype.type(np.asarray(v).item()) for v in (lo, hi)))
+    if x.size <= SMALL or x.dtype.kind != "f" or (lo is None and hi is None):
+        return _clip(xp, a, x, lo, hi)
+    if all(v is None or np.size(v) == 1 for v in (lo, hi)):
+        t = x.dtype.type
+        return clamp(x, *(v if v is None else t(v) if isinstance(v, float) else t(np.asarray(v).item())
+                          for v in (lo, hi)))
     return _clip(xp, a, x, lo, hi)
 
 

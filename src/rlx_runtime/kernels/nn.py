@@ -10,7 +10,7 @@ import numpy as np
 
 from rlx_format.ops import window_count
 
-from .. import conv_shifted, conv_taps, threads
+from .. import conv_pointwise, conv_shifted, conv_taps, threads
 from ..backend import backend_of
 from ..clamp import relu
 from .registry import kernel, register
@@ -199,7 +199,11 @@ def _conv_nobias_cpu(a, x, w, epilogue=None):
             # pointwise: the input is the column matrix (conv_nobias' 1x1 case, without its shape bookkeeping:
             # a squeeze-excite block's 1x1-pixel convs are mostly overhead)
             n, c, h, wd = x.shape
-            y = threads.matmul(w.reshape(w.shape[0], c), x.reshape(n, c, h * wd), epilogue)
+            if _numba_loaded() and conv_pointwise.use_pointwise(x, w, epilogue):
+                y = conv_pointwise.pointwise(w.reshape(w.shape[0], c), x.reshape(n, c, h * wd), epilogue)
+            else:
+                y = threads.matmul(w.reshape(w.shape[0], c),
+                                   x.reshape(c, h * wd) if n == 1 else x.reshape(n, c, h * wd), epilogue)
             return y.reshape(n, w.shape[0], h, wd)
         out_sp = [window_count(x.shape[2 + i], w.shape[2 + i], strides[i], dil[i], pads[i], pads[i + nsp])
                   for i in range(nsp)]

@@ -1,0 +1,70 @@
+"""Pointwise 2-D convs (1x1, stride 1, unpadded, group 1) in float32 by simd.skinny_f32, with the FusedConv
+epilogue applied to each block of 8 output channels while it is in cache.
+
+Why not the BLAS GEMM (W (O, C) @ X (C, H*W)): OpenBLAS packs both operands on every call, which costs most
+where the inner dimension (the input channels) is short, as in the expansion and projection convs of
+MobileNet/EfficientNet blocks. skinny_f32 streams X's rows in 32-pixel vectors, each feeding a multiply-add
+into 8 output channels' accumulators (the weights broadcast from W), and masks the last vector (a 7x7 plane's
+49 pixels). Measured at 1 thread against OpenBLAS's SkylakeX kernels (this machine, Zen 5): 16->72 at 56x56
+47 -> 32 us, 24->144 at 56x56 122 -> 93 us, 64->255 at 40x40 255 -> 220 us, 96->576 at 7x7 32 -> 30 us, and
+within +-4% on ResNet-sized ones (256->1024 at 14x14: 1.02-1.04x), which this path leaves to the BLAS. The
+epilogue's pass over the output, separate after a BLAS GEMM, then reads rows still in L1/L2.
+
+Each output is its products added by fma in order of the input channel from 0.0 (the same bits on every CPU);
+Conv and FusedConv take this path alike, so a fused conv still gives the unfused ops' values.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# inner dimensions (input channels) this path takes: measured faster or level up to here (MobileNetV3's and
+# EfficientNet's pointwise convs have 16-1152); ResNet-50's 1024/2048-channel convs were at parity (the BLAS)
+MAX_CHANNELS = 1152
+# and outputs (channels x pixels) above this many: a squeeze-excite block's 1x1-pixel convs go through the
+# unfused kernels (kernels/nn.py TINY_OUTPUT), where one BLAS call has the least Python around it
+MIN_OUTPUTS = 4096
+
+
+def use_pointwise(x: np.ndarray, w: np.ndarray, epilogue) -> bool:
+    """For a pointwise 2-D conv (the caller checked its attrs) of float32 x (n, c, h, w) and w (o, c, 1, 1), with
+    `epilogue` None or a one-group conv_kernels.BiasActivation."""
+    return (x.dtype == np.float32 and w.dtype == np.float32 and x.shape[1] <= MAX_CHANNELS
+            and w.shape[0] * x.shape[2] * x.shape[3] > MIN_OUTPUTS
+            and (epilogue is None or getattr(epilogue, "flags", (0,))[0] == 1))
+
+
+def pointwise(w: np.ndarray, x: np.ndarray, epilogue=None) -> np.ndarray:
+    """(n, o, p) float32 = w (o, c) @ x[b] (c, p) for each image b, then `epilogue` (see use_pointwise) on each
+    block. Split over the forward's threads by pixels (whole 32-pixel vectors) when there are enough of them,
+    else by output channels (whole blocks of SKINNY_ROWS)."""
+    from .simd import LANES, SKINNY_ROWS  # numba: imported only once a forward takes this path
+    from .threads import Steps, chunk_edges, column_edges, skinny_epilogue, skinny_step, threads_for
+
+    w = np.ascontiguousarray(w)
+    x = np.ascontiguousarray(x)
+    n, c, p = x.shape
+    o = w.shape[0]
+    y = np.empty((n, o, p), np.float32)
+    threads = threads_for(n * o * c * p)
+    if threads == 1:  # the calls themselves, without a job around them (Steps' set-up: ~5 us)
+        from .pool_kernels import skinny_rows
+        ep = skinny_epilogue(epilogue)
+        for b in range(n):
+            skinny_rows(y[b].reshape(-1), w.reshape(-1), x[b].reshape(-1), o, c, p, 0, p, 0, o, *ep)
+        return y
+    by_columns = p >= 2 * LANES * threads
+    if by_columns:
+        edges = column_edges(p, threads)
+    else:
+        edges = [e // SKINNY_ROWS * SKINNY_ROWS for e in chunk_edges(o, threads, 2 * SKINNY_ROWS)[:-1]] + [o]
+    with Steps(n * (len(edges) - 1), True) as steps:
+        for e0, e1 in zip(edges, edges[1:]):
+            for b in range(n):
+                if by_columns:
+                    skinny_step(steps, w, x[b], y[b], e0, e1, 0, o, epilogue)
+                else:
+                    skinny_step(steps, w, x[b], y[b], 0, p, e0, e1, epilogue)
+            steps.end_chunk()
+        steps.run()
+    return y
