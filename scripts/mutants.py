@@ -234,6 +234,9 @@ MUTANTS = [
            (("rlx_runtime/conv_kernels.py", "activate(flat, b0 * m * n, (b1 - b0) * m * n,",
              "activate(flat, b0 * m * n, (b1 - b0) * m * n - 1,"),),
            ("test_fused_conv.py", "test_conv_paths.py")),
+    Mutant("tap_epilogue_skips_a_channel", "the tap kernel's epilogue covers every channel once",
+           (("rlx_runtime/conv_kernels.py", "            done = c + 1", "            done = c + 2"),),
+           ("test_fused_conv.py", "test_conv_paths.py")),
 ]
 
 

@@ -39,7 +39,7 @@ def pointwise(w: np.ndarray, x: np.ndarray, epilogue=None) -> np.ndarray:
     block. Split over the forward's threads by pixels (whole 32-pixel vectors) when there are enough of them,
     else by output channels (whole blocks of SKINNY_ROWS)."""
     from .simd import LANES, SKINNY_ROWS  # numba: imported only once a forward takes this path
-    from .threads import Steps, chunk_edges, column_edges, skinny_epilogue, skinny_step, threads_for
+    from .threads import Steps, chunk_edges, column_edges, epilogue_fields, skinny_step, threads_for
 
     w = np.ascontiguousarray(w)
     x = np.ascontiguousarray(x)
@@ -49,7 +49,7 @@ def pointwise(w: np.ndarray, x: np.ndarray, epilogue=None) -> np.ndarray:
     threads = threads_for(n * o * c * p)
     if threads == 1:  # the calls themselves, without a job around them (Steps' set-up: ~5 us)
         from .pool_kernels import skinny_rows
-        ep = skinny_epilogue(epilogue)
+        ep = epilogue_fields(epilogue)
         for b in range(n):
             skinny_rows(y[b].reshape(-1), w.reshape(-1), x[b].reshape(-1), o, c, p, 0, p, 0, o, *ep)
         return y

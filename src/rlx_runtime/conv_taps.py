@@ -57,12 +57,11 @@ def _offsets(channels: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int
 def taps2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp,
            epilogue: Callable[..., None] | None = None) -> np.ndarray:
     """Conv without bias, depthwise ((n, c, h, w) * (c, 1, kh, kw), group c) or dense with few taps ((n, c, h, w)
-    * (o, c, kh, kw), group 1) -> fresh (n, o, oh, ow) float32. `epilogue` as in threads.matmul, on each finished
-    block of output channels of the output viewed as a conv's GEMM result: (n, o, oh*ow) dense, (n*o, 1, oh*ow)
-    depthwise."""
+    * (o, c, kh, kw), group 1) -> fresh (n, o, oh, ow) float32. `epilogue`, a conv_kernels.BiasActivation, is
+    applied to each output channel by the kernel as soon as that channel is done."""
     from .conv_kernels import fill_phases, tap_planes
     from .simd import LANES
-    from .threads import Steps, chunk_edges, threads_for
+    from .threads import Steps, chunk_edges, epilogue_fields, threads_for
 
     x = np.ascontiguousarray(x)  # the kernels read it as one flat (N, C, H, W) buffer
     n, c, h, wd = x.shape
@@ -86,27 +85,21 @@ def taps2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp,
     offsets = _offsets(c if dense else 1, kh, kw, sh, sw, dh, dw, plane, wq, stride)
     taps = np.ascontiguousarray(w.reshape(o, -1))
     y = np.empty((n, o, oh, ow), np.float32)
-    # the output as the epilogue sees a conv's GEMM result, (n * group, o / group, oh * ow)
-    y3 = y.reshape(n, o, oh * ow) if dense else y.reshape(n * o, 1, oh * ow)
     work = o * len(offsets) * oh * wq * TAP_COST
     edges = chunk_edges(o, threads_for(n * work), min_chunk=8)
     fill = (sh, sw, pads[0], pads[1], hq)
-
-    def block(b: int, c0: int, c1: int) -> tuple:
-        """The epilogue's block of y3 for image b, output channels c0..c1."""
-        return (b, b + 1, c0, c1) if dense else (b * o + c0, b * o + c1, 0, 1)
+    ep = epilogue_fields(epilogue)
 
     if len(edges) == 2:  # one chunk: the same calls in the same order, on this thread, without a job around them
         grid = np.empty(size, np.float32)
         if not dense:
             phases = np.zeros((1, 1, stride), np.float32)
         for b in range(n):
-            tap_planes(x, phases, taps, offsets, y, b, 0, o, grid, wq, dense, *fill)
-            if epilogue is not None:
-                epilogue(y3, *block(b, 0, o), 0, oh * ow)
+            tap_planes(x, phases, taps, offsets, y, b, 0, o, grid, wq, dense, *fill, *ep)
         return y
-    with Steps(n * len(edges) * (1 if epilogue is None else 2), epilogue is None or hasattr(epilogue, "put")) as steps:
-        steps.keep += (x, taps, offsets, y)  # the rows hold only their addresses
+    bias, has_bias, act, alpha, beta, has_lo, lo, has_hi, hi, terms = ep
+    with Steps(n * len(edges), True) as steps:
+        steps.keep += (x, taps, offsets, y, ep)  # the rows hold only their addresses
         for c0, c1 in zip(edges, edges[1:]):
             grid = np.empty(size, np.float32)  # the chunk's scratch: its grid, and a depthwise chunk's phases
             if not dense:
@@ -114,13 +107,13 @@ def taps2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp,
             steps.keep += (grid, phases)
             for b in range(n):
                 if steps.native:
-                    k, ints, _, r = steps.tables()
-                    k.put_taps(ints, r, x, phases, taps, offsets, y, b, c0, c1, grid, wq, dense, *fill)
+                    k, ints, floats, r = steps.tables()
+                    k.put_taps(ints, floats, r, x, phases, taps, offsets, y, b, c0, c1, grid, wq, dense, *fill, bias,
+                               has_bias, act, has_lo, has_hi, terms, alpha, beta, lo, hi)
                     steps.added()
                 else:
-                    steps.added(partial(tap_planes, x, phases, taps, offsets, y, b, c0, c1, grid, wq, dense, *fill))
-                if epilogue is not None:
-                    steps.epilogue(epilogue, y3, *block(b, c0, c1), 0, oh * ow)
+                    steps.added(partial(tap_planes, x, phases, taps, offsets, y, b, c0, c1, grid, wq, dense, *fill,
+                                        *ep))
             steps.end_chunk()
         steps.run()
     return y

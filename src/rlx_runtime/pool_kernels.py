@@ -126,8 +126,12 @@ def _run_row(ti, tf, r):  # pragma: no cover - compiled
         y = numba.carray(_f32_at(ti[r, 8]), (ti[r, 19], o, ti[r, 9], ti[r, 10]))
         grid = numba.carray(_f32_at(ti[r, 14]), (ti[r, 16],))
         x = numba.carray(_f32_at(ti[r, 20]), (ti[r, 19], ti[r, 21], ti[r, 22], ti[r, 23]))
+        bias = numba.carray(_f32_at(ti[r, 29]), (ti[r, 30],))
+        terms = numba.carray(_f32_at(ti[r, 35]), (_EXP_TERMS,))
         tap_planes(x, phases, taps, offsets, y, ti[r, 11], ti[r, 12], ti[r, 13], grid, ti[r, 15], ti[r, 17] != 0,
-                   ti[r, 24], ti[r, 25], ti[r, 26], ti[r, 27], ti[r, 28])
+                   ti[r, 24], ti[r, 25], ti[r, 26], ti[r, 27], ti[r, 28], bias, ti[r, 31] != 0, ti[r, 32],
+                   np.float32(tf[r, 0]), np.float32(tf[r, 1]), ti[r, 33] != 0, np.float32(tf[r, 2]), ti[r, 34] != 0,
+                   np.float32(tf[r, 3]), terms)
     elif kind == ROW_SKINNY:
         rows, k, n = ti[r, 4], ti[r, 5], ti[r, 6]
         out = numba.carray(_f32_at(ti[r, 1]), (rows * n,))
@@ -318,10 +322,10 @@ def put_bias_act(ti, tf, r, y, b0, b1, r0, r1, c0, c1, groups, bias, has_bias, a
 
 
 @numba.njit(cache=True, nogil=True)
-def put_taps(ti, r, x, phases, taps, offsets, y, n, c0, c1, grid, wq, shared, sh, sw, top, left,
-             hq):  # pragma: no cover - compiled
+def put_taps(ti, tf, r, x, phases, taps, offsets, y, n, c0, c1, grid, wq, shared, sh, sw, top, left, hq, bias,
+             has_bias, act, has_lo, has_hi, terms, alpha, beta, lo, hi):  # pragma: no cover - compiled
     """Row r: conv_kernels.tap_planes(x, phases, taps, offsets, y, n, c0, c1, grid, wq, shared, sh, sw, top, left,
-    hq)."""
+    hq, ...) with the epilogue's fields as put_bias_act's (act -1: none)."""
     ti[r, 0], ti[r, 1], ti[r, 2], ti[r, 3], ti[r, 4] = ROW_TAPS, phases.ctypes.data, *phases.shape
     ti[r, 5], ti[r, 6], ti[r, 7] = taps.ctypes.data, taps.shape[1], offsets.ctypes.data
     ti[r, 8], ti[r, 9], ti[r, 10] = y.ctypes.data, y.shape[2], y.shape[3]
@@ -329,4 +333,7 @@ def put_taps(ti, r, x, phases, taps, offsets, y, n, c0, c1, grid, wq, shared, sh
     ti[r, 17], ti[r, 18], ti[r, 19] = shared, y.shape[1], y.shape[0]
     ti[r, 20], ti[r, 21], ti[r, 22], ti[r, 23] = x.ctypes.data, x.shape[1], x.shape[2], x.shape[3]
     ti[r, 24], ti[r, 25], ti[r, 26], ti[r, 27], ti[r, 28] = sh, sw, top, left, hq
+    ti[r, 29], ti[r, 30], ti[r, 31], ti[r, 32] = bias.ctypes.data, bias.size, has_bias, act
+    ti[r, 33], ti[r, 34], ti[r, 35] = has_lo, has_hi, terms.ctypes.data
+    tf[r, 0], tf[r, 1], tf[r, 2], tf[r, 3] = alpha, beta, lo, hi
 

@@ -10,13 +10,14 @@ YIELD, CTRL_SIZE = 32, 40  # YIELD: idle workers stop polling (a numba parallel 
 KIND_NATIVE, KIND_PYTHON, KIND_CLOSED = 0, 1, 2
 # table rows: column 0 is the kind; the columns of each, then its floats
 ROW_GEMM, ROW_GEMV, ROW_BIAS_ACT, ROW_TAPS, ROW_SKINNY = 1, 2, 3, 4, 5
-INT_COLUMNS, FLOAT_COLUMNS = 32, 4
+INT_COLUMNS, FLOAT_COLUMNS = 40, 4
 # ROW_GEMM: fn, wide, order, transa, transb, m, n, k, a, lda, b, ldb, c, ldc | alpha, beta
 # ROW_GEMV: fn, wide, order, trans, m, n, a, lda, x, incx, y, incy | alpha, beta
 # ROW_BIAS_ACT: y, B, M, N, b0, b1, r0, r1, c0, c1, groups, bias, nbias, has_bias, act, has_lo, has_hi, terms
 #   | alpha, beta, lo, hi
 # ROW_TAPS: phases, N', C', L, taps, T, offsets, y, OH, OW, n, c0, c1, grid, wq, grid size, shared, O, N,
-#   x, C, H, W, sh, sw, top, left, hq (phases: all images' and channels' when shared, else one channel's)
+#   x, C, H, W, sh, sw, top, left, hq, bias, nbias, has_bias, act, has_lo, has_hi, terms | alpha, beta, lo, hi
+#   (phases: all images' and channels' when shared, else one channel's; act -1: no epilogue)
 # ROW_SKINNY: out, x, wt, rows, k, n, c0, c1, r0, r1, bias, nbias, has_bias, act, has_lo, has_hi, terms
 #   | alpha, beta, lo, hi (simd.skinny_f32 over blocks of SKINNY_ROWS rows, each then given ROW_BIAS_ACT's
 #   epilogue unless act is -1)

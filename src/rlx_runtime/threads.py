@@ -622,9 +622,10 @@ def column_edges(n: int, threads: int) -> list[int]:
 _no_epilogue: tuple | None = None
 
 
-def skinny_epilogue(epilogue) -> tuple:
-    """pool_kernels.skinny_rows' epilogue arguments (bias, has_bias, act, alpha, beta, has_lo, lo, has_hi, hi,
-    terms) for a one-group conv_kernels.BiasActivation, or for none (act -1)."""
+def epilogue_fields(epilogue) -> tuple:
+    """The fused epilogue's arguments of pool_kernels.skinny_rows and conv_kernels.tap_planes (bias, has_bias, act,
+    alpha, beta, has_lo, lo, has_hi, hi, terms; the bias per output channel) for a conv_kernels.BiasActivation,
+    or for none (act -1)."""
     global _no_epilogue
     if epilogue is not None:
         return epilogue.args[1:]
@@ -641,7 +642,7 @@ def skinny_step(steps: Steps, a: np.ndarray, b: np.ndarray, out: np.ndarray, c0:
     C-contiguous float32), then, with `epilogue` (a conv_kernels.BiasActivation of one group), its bias (per row)
     and activation on that block, a few rows at a time while they are in cache."""
     from . import pool_kernels
-    ep = skinny_epilogue(epilogue)
+    ep = epilogue_fields(epilogue)
     if steps.native:
         k, ints, floats, r = steps.tables()
         bias, has_bias, act, alpha, beta, has_lo, lo, has_hi, hi, terms = ep
