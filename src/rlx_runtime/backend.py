@@ -41,8 +41,8 @@ class Backend:
     # ------------------------------------------------------------------ kernels
     def kernel(self, op: str):
         """The kernel this backend runs for `op`: its override, else the generic one."""
-        from .kernels.registry import KERNELS, OVERRIDES
-        return OVERRIDES.get(self.name, {}).get(op) or KERNELS[op]
+        kernels, overrides = _registry()
+        return overrides.get(self.name, {}).get(op) or kernels[op]
 
     @functools.cached_property
     def special(self) -> Any:
@@ -73,6 +73,14 @@ class Backend:
             from .threads import forward_threads
             return forward_threads()
         return self.xp.cuda.Device(self.index)
+
+
+@functools.cache
+def _registry() -> tuple[dict, dict]:
+    """(KERNELS, OVERRIDES), imported on first use (the kernels import this module); cached because kernel() runs
+    per op call in some kernels, and an import statement there cost ~1 us."""
+    from .kernels.registry import KERNELS, OVERRIDES
+    return KERNELS, OVERRIDES
 
 
 CPU = Backend("cpu", Device.CPU, np, host_arrays=True, inplace_ufuncs=True, fused_kernels=True)

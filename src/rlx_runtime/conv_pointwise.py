@@ -16,7 +16,11 @@ Conv and FusedConv take this path alike, so a fused conv still gives the unfused
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
+
+from . import threads
 
 # inner dimensions (input channels) this path takes: measured faster or level up to here (MobileNetV3's and
 # EfficientNet's pointwise convs have 16-1152); ResNet-50's 1024/2048-channel convs were at parity (the BLAS)
@@ -24,6 +28,14 @@ MAX_CHANNELS = 1152
 # and outputs (channels x pixels) above this many: a squeeze-excite block's 1x1-pixel convs go through the
 # unfused kernels (kernels/nn.py TINY_OUTPUT), where one BLAS call has the least Python around it
 MIN_OUTPUTS = 4096
+
+
+@functools.cache
+def _numba_side() -> tuple:
+    """(pool_kernels, simd) (numba), imported once a forward takes this path (an import statement per call cost
+    ~1 us)."""
+    from . import pool_kernels, simd
+    return pool_kernels, simd
 
 
 def use_pointwise(x: np.ndarray, w: np.ndarray, epilogue) -> bool:
@@ -38,33 +50,31 @@ def pointwise(w: np.ndarray, x: np.ndarray, epilogue=None) -> np.ndarray:
     """(n, o, p) float32 = w (o, c) @ x[b] (c, p) for each image b, then `epilogue` (see use_pointwise) on each
     block. Split over the forward's threads by pixels (whole 32-pixel vectors) when there are enough of them,
     else by output channels (whole blocks of SKINNY_ROWS)."""
-    from .simd import LANES, SKINNY_ROWS  # numba: imported only once a forward takes this path
-    from .threads import Steps, chunk_edges, column_edges, epilogue_fields, skinny_step, threads_for
-
+    kernels, simd = _numba_side()
     w = np.ascontiguousarray(w)
     x = np.ascontiguousarray(x)
     n, c, p = x.shape
     o = w.shape[0]
     y = np.empty((n, o, p), np.float32)
-    threads = threads_for(n * o * c * p)
-    if threads == 1:  # the calls themselves, without a job around them (Steps' set-up: ~5 us)
-        from .pool_kernels import skinny_rows
-        ep = epilogue_fields(epilogue)
+    nthreads = threads.threads_for(n * o * c * p)
+    if nthreads == 1:  # the calls themselves, without a job around them (Steps' set-up: ~5 us)
+        skinny_rows, ep = kernels.skinny_rows, threads.epilogue_fields(epilogue)
         for b in range(n):
             skinny_rows(y[b].reshape(-1), w.reshape(-1), x[b].reshape(-1), o, c, p, 0, p, 0, o, *ep)
         return y
-    by_columns = p >= 2 * LANES * threads
+    by_columns = p >= 2 * simd.LANES * nthreads
     if by_columns:
-        edges = column_edges(p, threads)
+        edges = threads.column_edges(p, nthreads)
     else:
-        edges = [e // SKINNY_ROWS * SKINNY_ROWS for e in chunk_edges(o, threads, 2 * SKINNY_ROWS)[:-1]] + [o]
-    with Steps(n * (len(edges) - 1), True) as steps:
+        rows = simd.SKINNY_ROWS
+        edges = [e // rows * rows for e in threads.chunk_edges(o, nthreads, 2 * rows)[:-1]] + [o]
+    with threads.Steps(n * (len(edges) - 1), True) as steps:
         for e0, e1 in zip(edges, edges[1:]):
             for b in range(n):
                 if by_columns:
-                    skinny_step(steps, w, x[b], y[b], e0, e1, 0, o, epilogue)
+                    threads.skinny_step(steps, w, x[b], y[b], e0, e1, 0, o, epilogue)
                 else:
-                    skinny_step(steps, w, x[b], y[b], 0, p, e0, e1, epilogue)
+                    threads.skinny_step(steps, w, x[b], y[b], 0, p, e0, e1, epilogue)
             steps.end_chunk()
         steps.run()
     return y

@@ -20,6 +20,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from . import threads
+
 # measured (benchmarks of single convs, 1 thread, OpenBLAS SkylakeX kernels on Zen 4): the shifted GEMMs won
 # from about 4 MiB of im2col columns when the output is at least 28 wide (192->64 @40: 1.44x, 64->64 @56:
 # 1.48x, 128->128 @28: 1.08x) and lost below (256->256 @14: 0.85x, 512->512 @7: 0.53x, 64->128 @20: 0.91x)
@@ -38,20 +40,17 @@ def use_shifted(x: np.ndarray, w: np.ndarray, strides, group: int, out_sp) -> bo
         return False
     if any(s != 1 for s in strides) or w.shape[2] * w.shape[3] == 1 or out_sp[1] < MIN_OUT_WIDTH:
         return False
-    from .threads import blas_threads_instead, float_gemm, threads_in_use
-    threads = threads_in_use()
-    if threads > 1 and not blas_threads_instead(threads) and not WITH_NATIVE_POOL:
+    nthreads = threads.threads_in_use()
+    if nthreads > 1 and not threads.blas_threads_instead(nthreads) and not WITH_NATIVE_POOL:
         return False
     columns = x.shape[0] * x.shape[1] * w.shape[2] * w.shape[3] * math.prod(out_sp) * 4
-    return columns >= MIN_COLUMN_BYTES and float_gemm(np.float32) is not None
+    return columns >= MIN_COLUMN_BYTES and threads.float_gemm(np.float32) is not None
 
 
 def conv2d_shifted(x: np.ndarray, w: np.ndarray, dil, pads, out_sp,
                    epilogue: Callable[..., None] | None = None) -> np.ndarray:
     """Conv without bias, stride 1: (n, c, h, w) * (o, c, kh, kw) -> fresh (n, o, ho, wo) float32. `epilogue`
     as in threads.matmul, run on each finished block of the output viewed as (n, o, ho*wo)."""
-    from .threads import blas_threads, blas_threads_instead, chunk_edges, gemm_into, run_chunks, threads_for
-
     n, c, h, wd = x.shape
     o, _, kh, kw = w.shape
     ho, wo = out_sp
@@ -68,11 +67,11 @@ def conv2d_shifted(x: np.ndarray, w: np.ndarray, dil, pads, out_sp,
     y3 = y.reshape(n, o, ho * wo)
     # blocks of output rows (the GEMMs' long side): each is `rows` x Wp columns of every channel
     work = o * c * len(offsets) * span
-    threads = threads_for(n * work)
+    nthreads = threads.threads_for(n * work)
     scope = contextlib.nullcontext()
-    if blas_threads_instead(threads):  # the whole output's GEMMs, each on the BLAS's own threads
-        scope, threads = blas_threads(threads), 1
-    edges = chunk_edges(ho, threads, min_chunk=max(1, -(-64 // wp)))
+    if threads.blas_threads_instead(nthreads):  # the whole output's GEMMs, each on the BLAS's own threads
+        scope, nthreads = threads.blas_threads(nthreads), 1
+    edges = threads.chunk_edges(ho, nthreads, min_chunk=max(1, -(-64 // wp)))
 
     def chunk(i: int) -> None:
         y0, y1 = edges[i], edges[i + 1]
@@ -81,11 +80,11 @@ def conv2d_shifted(x: np.ndarray, w: np.ndarray, dil, pads, out_sp,
         for b in range(n):
             for j, off in enumerate(offsets):
                 start = y0 * wp + off
-                gemm_into(wk[j], padded[b, :, start:start + cols], grid, beta=0.0 if j == 0 else 1.0)
+                threads.gemm_into(wk[j], padded[b, :, start:start + cols], grid, beta=0.0 if j == 0 else 1.0)
             y[b, :, y0:y1] = grid.reshape(o, y1 - y0, wp)[:, :, :wo]
             if epilogue is not None:
                 epilogue(y3, b, b + 1, 0, o, y0 * wo, y1 * wo)
 
     with scope:
-        run_chunks(len(edges) - 1, chunk)
+        threads.run_chunks(len(edges) - 1, chunk)
     return y

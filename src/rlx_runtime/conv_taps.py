@@ -15,6 +15,8 @@ from functools import partial
 
 import numpy as np
 
+from . import threads
+
 # measured in whole forwards (A/B in one process, 1 and 2 threads): MobileNetV3-small's 3->16 stem (432 weights)
 # 7-10% faster this way, EfficientNet-B0's 3->32 stem (864) 2-3% slower; the tap sums grow with the outputs,
 # the GEMM's cost much less
@@ -42,6 +44,14 @@ def use_dense_taps(x: np.ndarray, w: np.ndarray, group: int, out_sp) -> bool:
             and out_sp[0] * out_sp[1] >= MIN_DENSE_PIXELS)
 
 
+@functools.cache
+def _numba_side() -> tuple:
+    """(conv_kernels, simd.LANES): numba's side, imported on the first tap conv (an import statement per call cost
+    ~1 us)."""
+    from . import conv_kernels, simd
+    return conv_kernels, simd.LANES
+
+
 @functools.lru_cache(maxsize=256)
 def _offsets(channels: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, plane: int, wq: int,
              stride: int) -> np.ndarray:
@@ -59,10 +69,7 @@ def taps2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp,
     """Conv without bias, depthwise ((n, c, h, w) * (c, 1, kh, kw), group c) or dense with few taps ((n, c, h, w)
     * (o, c, kh, kw), group 1) -> fresh (n, o, oh, ow) float32. `epilogue`, a conv_kernels.BiasActivation, is
     applied to each output channel by the kernel as soon as that channel is done."""
-    from .conv_kernels import fill_phases, tap_planes
-    from .simd import LANES
-    from .threads import Steps, chunk_edges, epilogue_fields, threads_for
-
+    ck, lanes = _numba_side()
     x = np.ascontiguousarray(x)  # the kernels read it as one flat (N, C, H, W) buffer
     n, c, h, wd = x.shape
     o, kh, kw = w.shape[0], w.shape[2], w.shape[3]
@@ -76,29 +83,29 @@ def taps2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp,
     hq = -(-hp // sh) + 1
     # the grid rounded up to whole 32-lane vectors (no scalar tail: a 7x7 plane has 77 outputs), and as much
     # slack after each channel's phases for those extra reads
-    size = -(-(oh * wq) // LANES) * LANES
+    size = -(-(oh * wq) // lanes) * lanes
     plane = hq * wq
-    stride = sh * sw * plane + LANES
+    stride = sh * sw * plane + lanes
     if dense:  # every output reads every channel's phases: all of them first
         phases = np.zeros((n, c, stride), np.float32)
-        fill_phases(x, phases, sh, sw, pads[0], pads[1], hq, wq)
+        ck.fill_phases(x, phases, sh, sw, pads[0], pads[1], hq, wq)
     offsets = _offsets(c if dense else 1, kh, kw, sh, sw, dh, dw, plane, wq, stride)
     taps = np.ascontiguousarray(w.reshape(o, -1))
     y = np.empty((n, o, oh, ow), np.float32)
     work = o * len(offsets) * oh * wq * TAP_COST
-    edges = chunk_edges(o, threads_for(n * work), min_chunk=8)
+    edges = threads.chunk_edges(o, threads.threads_for(n * work), min_chunk=8)
     fill = (sh, sw, pads[0], pads[1], hq)
-    ep = epilogue_fields(epilogue)
+    ep = threads.epilogue_fields(epilogue)
 
     if len(edges) == 2:  # one chunk: the same calls in the same order, on this thread, without a job around them
         grid = np.empty(size, np.float32)
         if not dense:
             phases = np.zeros((1, 1, stride), np.float32)
         for b in range(n):
-            tap_planes(x, phases, taps, offsets, y, b, 0, o, grid, wq, dense, *fill, *ep)
+            ck.tap_planes(x, phases, taps, offsets, y, b, 0, o, grid, wq, dense, *fill, *ep)
         return y
     bias, has_bias, act, alpha, beta, has_lo, lo, has_hi, hi, terms = ep
-    with Steps(n * len(edges), True) as steps:
+    with threads.Steps(n * len(edges), True) as steps:
         steps.keep += (x, taps, offsets, y, ep)  # the rows hold only their addresses
         for c0, c1 in zip(edges, edges[1:]):
             grid = np.empty(size, np.float32)  # the chunk's scratch: its grid, and a depthwise chunk's phases
@@ -112,7 +119,7 @@ def taps2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp,
                                has_bias, act, has_lo, has_hi, terms, alpha, beta, lo, hi)
                     steps.added()
                 else:
-                    steps.added(partial(tap_planes, x, phases, taps, offsets, y, b, c0, c1, grid, wq, dense, *fill,
+                    steps.added(partial(ck.tap_planes, x, phases, taps, offsets, y, b, c0, c1, grid, wq, dense, *fill,
                                         *ep))
             steps.end_chunk()
         steps.run()

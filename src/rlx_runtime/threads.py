@@ -641,7 +641,6 @@ def skinny_step(steps: Steps, a: np.ndarray, b: np.ndarray, out: np.ndarray, c0:
     """A step of `steps`: out[r0:r1, c0:c1] = (a @ b) there by simd.skinny_f32 (pool_kernels.skinny_rows; 2-D
     C-contiguous float32), then, with `epilogue` (a conv_kernels.BiasActivation of one group), its bias (per row)
     and activation on that block, a few rows at a time while they are in cache."""
-    from . import pool_kernels
     ep = epilogue_fields(epilogue)
     if steps.native:
         k, ints, floats, r = steps.tables()
@@ -650,7 +649,7 @@ def skinny_step(steps: Steps, a: np.ndarray, b: np.ndarray, out: np.ndarray, c0:
                      beta, lo, hi)
         steps.added()
     else:
-        steps.added(partial(pool_kernels.skinny_rows, out.reshape(-1), a.reshape(-1), b.reshape(-1), a.shape[0],
+        steps.added(partial(_kernels().skinny_rows, out.reshape(-1), a.reshape(-1), b.reshape(-1), a.shape[0],
                             a.shape[1], b.shape[1], c0, c1, r0, r1, *ep))
     steps.keep += (a, b, out, ep)  # a native row holds only their addresses
 

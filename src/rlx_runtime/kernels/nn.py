@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import string
 import sys
@@ -224,6 +225,13 @@ def _pointwise_2d(a, x, w) -> bool:
             and all(s == 1 for s in a.get("strides") or ()))
 
 
+@functools.cache
+def _conv_kernels():
+    """conv_kernels (numba), imported on first use (an import statement per call cost ~1 us)."""
+    from .. import conv_kernels
+    return conv_kernels
+
+
 def _numba_loaded() -> bool:
     """Whether numba is imported already: kernels that only copy or sum (the same values either way) take their numba
     versions then, so a forward that needs numba for nothing else does not pay its start-up."""
@@ -232,10 +240,9 @@ def _numba_loaded() -> bool:
 
 def _im2col_numba(xp, x, k, strides, dil, pads, out_sp):
     """_im2col for a 2-D float32 conv on the CPU, by conv_kernels.im2col_2d."""
-    from ..conv_kernels import im2col_2d
     cols = np.empty(x.shape[:2] + tuple(k) + tuple(out_sp), np.float32)
     hp, wp = x.shape[2] + pads[0] + pads[2], x.shape[3] + pads[1] + pads[3]
-    im2col_2d(np.ascontiguousarray(x), cols, *strides, *dil, pads[0], pads[1], hp, wp)
+    _conv_kernels().im2col_2d(np.ascontiguousarray(x), cols, *strides, *dil, pads[0], pads[1], hp, wp)
     return cols
 
 
@@ -396,9 +403,8 @@ def _gap_cpu(xp, a, x):
     CPU; numpy's pairwise sum sums in another order), divided by the count as np.mean does."""
     if x.dtype != np.float32 or x.ndim < 3 or x.size == 0 or not _numba_loaded():
         return _gap(xp, a, x)
-    from ..conv_kernels import row_means
     out = np.empty(x.shape[:2] + (1,) * (x.ndim - 2), np.float32)
-    row_means(np.ascontiguousarray(x).reshape(-1), out.reshape(-1), math.prod(x.shape[2:]))
+    _conv_kernels().row_means(np.ascontiguousarray(x).reshape(-1), out.reshape(-1), math.prod(x.shape[2:]))
     return out
 
 
