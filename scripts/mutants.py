@@ -237,6 +237,12 @@ MUTANTS = [
     Mutant("tap_epilogue_skips_a_channel", "the tap kernel's epilogue covers every channel once",
            (("rlx_runtime/conv_kernels.py", "            done = c + 1", "            done = c + 2"),),
            ("test_fused_conv.py", "test_conv_paths.py")),
+    Mutant("direct_bias_of_block_zero", "each 8-channel block of a direct conv gets its own channels' bias",
+           (("rlx_runtime/conv_kernels.py", "bias[j0:] if has_bias else bias,", "bias,"),),
+           ("test_conv_paths.py",)),
+    Mutant("direct_native_row_short", "a direct conv's native pool row covers its whole channel range",
+           (("rlx_runtime/pool_kernels.py", "= r0, r1, wq, piece_rows", "= r0, r1 - 1, wq, piece_rows"),),
+           ("test_conv_paths.py",)),
 ]
 
 

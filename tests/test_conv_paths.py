@@ -20,7 +20,7 @@ from threadpoolctl import threadpool_limits
 
 import rlx_runtime.passes.pipeline as pipeline
 from rlx_format import GraphBuilder
-from rlx_runtime import Session, conv_shifted, conv_taps
+from rlx_runtime import Session, conv_direct, conv_shifted, conv_taps
 from rlx_runtime.kernels import nn
 
 RNG = np.random.default_rng(5)
@@ -46,6 +46,7 @@ def split_small(monkeypatch):
 @pytest.fixture
 def always_shifted(monkeypatch):
     monkeypatch.setattr(conv_taps, "MAX_DENSE_WEIGHTS", 0)  # these small convs would take the tap path first
+    monkeypatch.setattr(conv_direct, "MAX_INNER", 0)  # and, numba loaded, the direct path
     monkeypatch.setattr(conv_shifted, "MIN_COLUMN_BYTES", 0)
     monkeypatch.setattr(conv_shifted, "MIN_OUT_WIDTH", 1)
     monkeypatch.setattr(conv_shifted, "WITH_NATIVE_POOL", True)  # its own 2-thread chunks are tested too
@@ -180,8 +181,10 @@ def test_which_shapes_take_the_path(xs, ws, attrs, taken):
     assert not conv_shifted.use_shifted(x.astype(np.float64), np.zeros(ws), a["strides"], a["group"], out_sp)
 
 
-def test_real_exported_model_matches_onnxruntime(tmp_path, monkeypatch):
-    """A torch export whose two 3x3 convs take the path at the shipped thresholds: onnxruntime's values."""
+@pytest.mark.parametrize("path", ["shifted", "direct"])
+def test_real_exported_model_matches_onnxruntime(path, tmp_path, monkeypatch):
+    """A torch export whose two 3x3 convs take the path at the shipped thresholds (the shifted one without the
+    direct one, which numba being loaded makes the first choice): onnxruntime's values."""
     torch = pytest.importorskip("torch")
     from rlx_bake import BakeOptions, bake
     from rlx_bake.onnx import import_onnx
@@ -196,8 +199,11 @@ def test_real_exported_model_matches_onnxruntime(tmp_path, monkeypatch):
     ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {name: x.numpy()})[0]
     rf, _ = bake(*import_onnx(path), BakeOptions.from_profile("exact"))
     calls = []
-    real = conv_shifted.conv2d_shifted
-    monkeypatch.setattr(conv_shifted, "conv2d_shifted", lambda *a, **k: calls.append(1) or real(*a, **k))
+    module, fn = (conv_shifted, "conv2d_shifted") if path == "shifted" else (conv_direct, "direct2d")
+    real = getattr(module, fn)
+    monkeypatch.setattr(module, fn, lambda *a, **k: calls.append(1) or real(*a, **k))
+    if path == "shifted":
+        monkeypatch.setattr(conv_direct, "MAX_INNER", 0)
     with threadpool_limits(1, "blas"):  # at 2 threads, with numba loaded, im2col's GEMM is taken instead
         out = Session().compile(rf).run({name: x.numpy()})
     assert len(calls) == 2
@@ -401,6 +407,97 @@ def test_pointwise_convs_match_onnxruntime_and_fused_equals_unfused(xs, threads,
         np.testing.assert_array_equal(fused.run({"x": x})["act"], unfused.run({"x": x})["act"])
 
 
+# ------------------------------------------------------ dense convs straight from the input's phases (conv_direct.py)
+DIRECT = CASES + [
+    ((2, 3, 17, 23), (12, 3, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ((1, 2, 9, 9), (9, 2, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),  # a ResNet stem's shape of window
+    ((1, 2, 8, 40), (17, 2, 5, 5), {"pads": [0, 2, 1, 0], "strides": [3, 2]}),
+    ((1, 2, 11, 11), (8, 2, 3, 3), {"pads": [2, 1, 2, 1], "strides": [2, 2], "dilations": [2, 3]}),
+    ((1, 40, 12, 12), (20, 40, 3, 3), {"pads": [1, 1, 1, 1]}),  # 20 outputs: two blocks of 8 and a rest of 4
+    ((2, 16, 10, 12), (44, 16, 3, 3), {"pads": [1, 1, 1, 1]}),  # split over two threads: channels 0-15, 16-43
+]
+
+
+@pytest.fixture
+def direct_calls(monkeypatch):
+    from rlx_format.numba_setup import numba  # noqa: F401 - the path is taken once numba is loaded
+    monkeypatch.setattr(conv_taps, "MAX_DENSE_WEIGHTS", 0)  # small convs would take the tap path first
+    calls = []
+    real = conv_direct.direct2d
+    monkeypatch.setattr(conv_direct, "direct2d", lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("xs,ws,attrs", DIRECT, ids=str)
+def test_direct_convs_match_onnxruntime_and_sum_each_output_in_order(xs, ws, attrs, direct_calls, split_small):
+    """Each output is its products added by fma in (channel, ky, kx) order from 0.0: within a dot product's
+    rounding of the float64 value, onnxruntime's values, and the same bits at one and two threads."""
+    w = RNG.standard_normal(ws).astype(np.float32)
+    b = np.zeros(ws[0], np.float32)
+    x = RNG.standard_normal(xs).astype(np.float32)
+    a = {"strides": [1, 1], "dilations": [1, 1], "pads": [0, 0, 0, 0], "group": 1, **attrs}
+    ort_out = ort.InferenceSession(_onnx_conv(xs, w, b, attrs),
+                                   providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    with threadpool_limits(1, "blas"):
+        one = Session().compile(_rlx_conv(xs, w, b, attrs)).run({"x": x})["conv"]
+    assert direct_calls, "the path under test did not run"
+    with threadpool_limits(2, "blas"):
+        two = Session().compile(_rlx_conv(xs, w, b, attrs)).run({"x": x})["conv"]
+    np.testing.assert_array_equal(one, two)
+    k = ws[2:]
+    out = [nn.window_count(xs[2 + i], k[i], a["strides"][i], a["dilations"][i], a["pads"][i], a["pads"][i + 2])
+           for i in range(2)]
+    cols = nn._im2col(np, x.astype(np.float64), k, a["strides"], a["dilations"], a["pads"], out)
+    cols = cols.reshape(xs[0], -1, out[0] * out[1])
+    w64 = w.reshape(ws[0], -1).astype(np.float64)
+    exact = (w64 @ cols).reshape(one.shape)
+    bound = w64.shape[1] * np.finfo(np.float32).eps * (np.abs(w64) @ np.abs(cols)).reshape(one.shape)
+    assert np.all(np.abs(one - exact) <= bound)
+    assert np.all(np.abs(one - ort_out) <= 2 * bound)  # onnxruntime's values: each within a dot's rounding too
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("act", ["Relu", "Sigmoid", "Silu", "LeakyRelu"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_direct_fused_equals_unfused(act, threads, direct_calls, split_small, monkeypatch):
+    xs, ws, attrs = DIRECT[-2]
+    w = RNG.standard_normal(ws).astype(np.float32)
+    b = RNG.standard_normal(ws[0]).astype(np.float32)
+    _assert_fused_gives_the_unfused_bits(_rlx_conv(xs, w, b, attrs, act), xs, threads, monkeypatch)
+    xs, ws, attrs = DIRECT[-1]  # and split over the threads
+    w = RNG.standard_normal(ws).astype(np.float32)
+    b = RNG.standard_normal(ws[0]).astype(np.float32)
+    _assert_fused_gives_the_unfused_bits(_rlx_conv(xs, w, b, attrs, act), xs, threads, monkeypatch)
+    assert direct_calls
+
+
+@pytest.mark.parametrize("xs,ws,group,dtype,grouped_epilogue,taken", [
+    ((1, 64, 20, 20), (128, 64, 3, 3), 1, np.float32, False, True),
+    ((1, 512, 7, 7), (512, 512, 3, 3), 1, np.float32, False, True),  # K = 4608: MAX_INNER
+    ((1, 513, 7, 7), (512, 513, 3, 3), 1, np.float32, False, False),
+    ((1, 64, 20, 20), (128, 64, 1, 1), 1, np.float32, False, False),  # pointwise: conv_pointwise's
+    ((1, 64, 20, 20), (128, 32, 3, 3), 2, np.float32, False, False),  # grouped
+    ((1, 64, 20, 20), (128, 64, 3, 3), 1, np.float64, False, False),
+    ((1, 64, 20, 20), (128, 64, 3, 3), 1, np.float32, True, False)], ids=str)
+def test_which_convs_take_the_direct_path(xs, ws, group, dtype, grouped_epilogue, taken):
+    from rlx_runtime.conv_kernels import bias_activation
+    ep = bias_activation(None, "Relu", 0.0, None, None, groups=2 if grouped_epilogue else 1)
+    assert conv_direct.use_direct(np.zeros(xs, dtype), np.zeros(ws, dtype), group, ep) is taken
+
+
+def test_without_numba_dense_convs_take_im2col(direct_calls, monkeypatch):
+    import sys
+    x = RNG.standard_normal((1, 8, 20, 20)).astype(np.float32)
+    w = RNG.standard_normal((16, 8, 3, 3)).astype(np.float32)
+    a = {"strides": [2, 2], "dilations": [1, 1], "pads": [1, 1, 1, 1], "group": 1}
+    with_numba = nn._conv_nobias_cpu(a, x, w)
+    assert direct_calls == [1]
+    monkeypatch.setitem(sys.modules, "numba", None)
+    without = nn._conv_nobias_cpu(a, x, w)
+    assert direct_calls == [1]
+    np.testing.assert_allclose(with_numba, without, rtol=1e-5, atol=1e-5)
+
+
 # -------------------------------------------------------------- pointwise convs by simd.skinny_f32 (conv_pointwise.py)
 # (x shape, outputs): a masked last vector and outputs not a multiple of 8 (210 pixels, 37 channels), two images,
 # a 7x7 plane (49 pixels: split by output channels at 2 threads), a single 32-pixel vector
@@ -409,6 +506,7 @@ POINTWISE = [((1, 24, 14, 15), 37), ((2, 16, 9, 9), 72), ((1, 96, 7, 7), 144), (
 
 @pytest.fixture
 def pointwise_calls(monkeypatch):
+    from rlx_format.numba_setup import numba  # noqa: F401 - the path is taken once numba is loaded
     from rlx_runtime import conv_pointwise
     calls = []
     real = conv_pointwise.pointwise
@@ -523,6 +621,7 @@ def test_strided_convs_take_numbas_im2col_once_numba_is_loaded(monkeypatch):
     x = RNG.standard_normal((1, 8, 20, 20)).astype(np.float32)
     w = RNG.standard_normal((16, 8, 3, 3)).astype(np.float32)
     a = {"strides": [2, 2], "dilations": [1, 1], "pads": [1, 1, 1, 1], "group": 1}
+    monkeypatch.setattr(conv_direct, "MAX_INNER", 0)  # a conv the direct path would take
     calls = []
     real = nn._im2col_numba
     monkeypatch.setattr(nn, "_im2col_numba", lambda *args: calls.append(1) or real(*args))

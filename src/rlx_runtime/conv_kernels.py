@@ -12,7 +12,7 @@ import numpy as np
 
 from rlx_format.numba_setup import numba
 
-from .simd import copy_f32, sum_f32, taps_f32
+from .simd import SKINNY_ROWS, copy_f32, gather_f32, sum_f32, taps_f32
 from .ufuncs import EXP_TERMS, sigmoid_f32_loop
 
 ACTIVATION_CODES = {"Relu": 0, "Sigmoid": 1, "Silu": 2, "LeakyRelu": 3, "Clip": 4, "HardSwish": 5}
@@ -186,6 +186,34 @@ def tap_planes(x, phases, taps, offsets, y, n, c0, c1, grid, wq, shared, sh, sw,
             bias_act_rows(out, y.shape[1], oh * ow, 0, 1, done, c + 1, 0, oh * ow, 1, bias, has_bias, act, alpha,
                           beta, has_lo, lo, has_hi, hi, terms, tmp)
             done = c + 1
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def direct_rows(phases, w, offsets, y, b, r0, r1, wq, piece_rows, bias, has_bias, act, alpha, beta, has_lo, lo, has_hi,
+                hi, terms):  # pragma: no cover - compiled
+    """y (N, O, OH, OW) float32 for image b, output channels r0..r1: a dense conv computed on the phases' grid
+    (conv_direct.py). phases (N, L): image b's stride phases of every input channel, flat (fill_phases); w (O, K)
+    with K = channels x kernel in (c, ky, kx) order; offsets (K,): where each of those reads, relative to a grid
+    position. piece_rows grid rows at a time (their columns stay in cache), SKINNY_ROWS output channels at a time
+    by simd.gather_f32 into a scratch, whose rows then get the epilogue (act >= 0; bias per output channel) and
+    have their first OW columns of each grid row copied out."""
+    oh, ow, k = y.shape[2], y.shape[3], w.shape[1]
+    src, out, wf = phases[b], y[b].reshape(-1), w.reshape(-1)
+    piece = piece_rows * wq
+    scratch = np.empty(SKINNY_ROWS * piece, np.float32)
+    tmp = act_scratch(act, piece)
+    for g0 in range(0, oh, piece_rows):
+        g1 = min(oh, g0 + piece_rows)
+        cols = (g1 - g0) * wq
+        for j0 in range(r0, r1, SKINNY_ROWS):
+            j1 = min(r1, j0 + SKINNY_ROWS)
+            gather_f32(scratch, wf[j0 * k:], src[g0 * wq:], offsets, j1 - j0, k, cols, 0, cols)
+            if act >= 0:
+                bias_act_rows(scratch, SKINNY_ROWS, cols, 0, 1, 0, j1 - j0, 0, cols, 1, bias[j0:] if has_bias else bias,
+                              has_bias, act, alpha, beta, has_lo, lo, has_hi, hi, terms, tmp)
+            for j in range(j1 - j0):
+                for r in range(g1 - g0):
+                    copy_f32(out, ((j0 + j) * oh + g0 + r) * ow, scratch, j * cols + r * wq, ow, 1)
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")

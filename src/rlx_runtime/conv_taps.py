@@ -53,7 +53,7 @@ def _numba_side() -> tuple:
 
 
 @functools.lru_cache(maxsize=256)
-def _offsets(channels: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, plane: int, wq: int,
+def phase_offsets(channels: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, plane: int, wq: int,
              stride: int) -> np.ndarray:
     """Where each tap reads, relative to an output's grid position: per channel read (a dense conv's output sums
     over every input channel, then its taps: (c, ky, kx) order), the tap's phase plane, row and column offset."""
@@ -89,7 +89,7 @@ def taps2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp,
     if dense:  # every output reads every channel's phases: all of them first
         phases = np.zeros((n, c, stride), np.float32)
         ck.fill_phases(x, phases, sh, sw, pads[0], pads[1], hq, wq)
-    offsets = _offsets(c if dense else 1, kh, kw, sh, sw, dh, dw, plane, wq, stride)
+    offsets = phase_offsets(c if dense else 1, kh, kw, sh, sw, dh, dw, plane, wq, stride)
     taps = np.ascontiguousarray(w.reshape(o, -1))
     y = np.empty((n, o, oh, ow), np.float32)
     work = o * len(offsets) * oh * wq * TAP_COST

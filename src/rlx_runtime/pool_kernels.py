@@ -30,9 +30,9 @@ from .atomics import backoff as _backoff
 from .atomics import load as _load
 from .atomics import store as _store
 from .atomics import swap as _swap
-from .conv_kernels import act_scratch, bias_act_block, bias_act_rows, tap_planes
-from .pool_layout import (FINISHED, KIND, KIND_NATIVE, NEXT, ROW_BIAS_ACT, ROW_GEMM, ROW_GEMV, ROW_SKINNY, ROW_TAPS,
-                          WORKED, YIELD)
+from .conv_kernels import act_scratch, bias_act_block, bias_act_rows, direct_rows, tap_planes
+from .pool_layout import (FINISHED, KIND, KIND_NATIVE, NEXT, ROW_BIAS_ACT, ROW_DIRECT, ROW_GEMM, ROW_GEMV, ROW_SKINNY,
+                          ROW_TAPS, WORKED, YIELD)
 from .simd import SKINNY_ROWS, skinny_f32
 from .ufuncs import EXP_TERMS
 
@@ -132,6 +132,16 @@ def _run_row(ti, tf, r):  # pragma: no cover - compiled
                    ti[r, 24], ti[r, 25], ti[r, 26], ti[r, 27], ti[r, 28], bias, ti[r, 31] != 0, ti[r, 32],
                    np.float32(tf[r, 0]), np.float32(tf[r, 1]), ti[r, 33] != 0, np.float32(tf[r, 2]), ti[r, 34] != 0,
                    np.float32(tf[r, 3]), terms)
+    elif kind == ROW_DIRECT:
+        phases = numba.carray(_f32_at(ti[r, 1]), (ti[r, 2], ti[r, 3]))
+        w = numba.carray(_f32_at(ti[r, 4]), (ti[r, 5], ti[r, 6]))
+        offsets = numba.carray(_i64_at(ti[r, 7]), (ti[r, 6],))
+        y = numba.carray(_f32_at(ti[r, 8]), (ti[r, 2], ti[r, 5], ti[r, 9], ti[r, 10]))
+        bias = numba.carray(_f32_at(ti[r, 16]), (ti[r, 17],))
+        terms = numba.carray(_f32_at(ti[r, 23]), (_EXP_TERMS,))
+        direct_rows(phases, w, offsets, y, ti[r, 11], ti[r, 12], ti[r, 13], ti[r, 14], ti[r, 15], bias, ti[r, 18] != 0,
+                    ti[r, 19], np.float32(tf[r, 0]), np.float32(tf[r, 1]), ti[r, 20] != 0, np.float32(tf[r, 2]),
+                    ti[r, 21] != 0, np.float32(tf[r, 3]), terms)
     elif kind == ROW_SKINNY:
         rows, k, n = ti[r, 4], ti[r, 5], ti[r, 6]
         out = numba.carray(_f32_at(ti[r, 1]), (rows * n,))
@@ -337,3 +347,16 @@ def put_taps(ti, tf, r, x, phases, taps, offsets, y, n, c0, c1, grid, wq, shared
     ti[r, 33], ti[r, 34], ti[r, 35] = has_lo, has_hi, terms.ctypes.data
     tf[r, 0], tf[r, 1], tf[r, 2], tf[r, 3] = alpha, beta, lo, hi
 
+
+@numba.njit(cache=True, nogil=True)
+def put_direct(ti, tf, r, phases, w, offsets, y, b, r0, r1, wq, piece_rows, bias, has_bias, act, has_lo, has_hi, terms,
+               alpha, beta, lo, hi):  # pragma: no cover - compiled
+    """Row r: conv_kernels.direct_rows(phases, w, offsets, y, b, r0, r1, wq, piece_rows, ...) with the epilogue's
+    fields as put_bias_act's (act -1: none)."""
+    ti[r, 0], ti[r, 1], ti[r, 2], ti[r, 3] = ROW_DIRECT, phases.ctypes.data, phases.shape[0], phases.shape[1]
+    ti[r, 4], ti[r, 5], ti[r, 6], ti[r, 7] = w.ctypes.data, w.shape[0], w.shape[1], offsets.ctypes.data
+    ti[r, 8], ti[r, 9], ti[r, 10], ti[r, 11] = y.ctypes.data, y.shape[2], y.shape[3], b
+    ti[r, 12], ti[r, 13], ti[r, 14], ti[r, 15] = r0, r1, wq, piece_rows
+    ti[r, 16], ti[r, 17], ti[r, 18], ti[r, 19] = bias.ctypes.data, bias.size, has_bias, act
+    ti[r, 20], ti[r, 21], ti[r, 22], ti[r, 23] = has_lo, has_hi, 0, terms.ctypes.data
+    tf[r, 0], tf[r, 1], tf[r, 2], tf[r, 3] = alpha, beta, lo, hi

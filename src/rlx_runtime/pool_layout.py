@@ -9,7 +9,7 @@ NEXT, FINISHED, KIND, WORKED = 0, 8, 16, 24  # WORKED: chunks the workers ran (f
 YIELD, CTRL_SIZE = 32, 40  # YIELD: idle workers stop polling (a numba parallel kernel wants the cores)
 KIND_NATIVE, KIND_PYTHON, KIND_CLOSED = 0, 1, 2
 # table rows: column 0 is the kind; the columns of each, then its floats
-ROW_GEMM, ROW_GEMV, ROW_BIAS_ACT, ROW_TAPS, ROW_SKINNY = 1, 2, 3, 4, 5
+ROW_GEMM, ROW_GEMV, ROW_BIAS_ACT, ROW_TAPS, ROW_SKINNY, ROW_DIRECT = 1, 2, 3, 4, 5, 6
 INT_COLUMNS, FLOAT_COLUMNS = 40, 4
 # ROW_GEMM: fn, wide, order, transa, transb, m, n, k, a, lda, b, ldb, c, ldc | alpha, beta
 # ROW_GEMV: fn, wide, order, trans, m, n, a, lda, x, incx, y, incy | alpha, beta
@@ -21,3 +21,5 @@ INT_COLUMNS, FLOAT_COLUMNS = 40, 4
 # ROW_SKINNY: out, x, wt, rows, k, n, c0, c1, r0, r1, bias, nbias, has_bias, act, has_lo, has_hi, terms
 #   | alpha, beta, lo, hi (simd.skinny_f32 over blocks of SKINNY_ROWS rows, each then given ROW_BIAS_ACT's
 #   epilogue unless act is -1)
+# ROW_DIRECT: phases, N, L, w, O, K, offsets, y, OH, OW, b, r0, r1, wq, piece_rows, bias, nbias, has_bias, act,
+#   has_lo, has_hi, terms | alpha, beta, lo, hi (conv_kernels.direct_rows; act -1: no epilogue)

@@ -397,20 +397,14 @@ def taps_f32(typingctx, dst, at, src, start, count, weights, offsets):
 SKINNY_ROWS = 8  # rows of x that skinny_f32 multiplies at once (its accumulators: 8 x 32 lanes)
 
 
-@intrinsic
-def skinny_f32(typingctx, out, x, wt, rows, k, n, c0, c1):
-    """out[j*n + c] = sum over i < k of x[j*k + i] * wt[i*n + c] for j < rows (at most SKINNY_ROWS) and c in [c0,
-    c1): a GEMM with few rows, x (rows, k) times wt (k, n), all flat C-order float32. Each output is its products
-    added by fma in order of i from 0.0 (the same bits on every CPU). 32 columns at a time: one load of wt's
-    row-piece feeds a multiply-add into each row's accumulator (OpenBLAS packs the whole of wt on every call, which
-    made an LSTM step's 8x256 @ 256x1024 cost ~150 us); then the last columns one at a time."""
-    ints = all(isinstance(v, types.Integer) for v in (rows, k, n, c0, c1))
-    if not (_is_f32(out) and _is_f32(x) and _is_f32(wt) and ints):
-        return None
-
+def _few_rows_codegen(gathered: bool):
+    """skinny_f32's code (gathered False: row i of the right operand at i*n) or gather_f32's (row i at
+    offsets[i]): the arguments are (out, x, wt, [offsets,] rows, k, n, c0, c1)."""
     def codegen(context, builder, sig, args):
         op, xp, wp = (_data(context, builder, sig.args[i], args[i]).data for i in range(3))
-        rows_, k_, n_, c0_, c1_ = (builder.sext(v, _I64) if v.type.width < 64 else v for v in args[3:8])
+        offs = _data(context, builder, sig.args[3], args[3]).data if gathered else None
+        rest = args[4:] if gathered else args[3:]
+        rows_, k_, n_, c0_, c1_ = (builder.sext(v, _I64) if v.type.width < 64 else v for v in rest)
         zero = ir.Constant(_I64, 0)
         # rows past `rows` read row 0 (in bounds) and are not stored
         xrow = [builder.select(builder.icmp_signed("<", ir.Constant(_I64, j), rows_),
@@ -422,7 +416,8 @@ def skinny_f32(typingctx, out, x, wt, rows, k, n, c0, c1):
                 c = builder.add(start, builder.mul(b, ir.Constant(_I64, LANES)))
 
                 def step(i, accs):
-                    at = builder.add(builder.mul(i, n_), c)
+                    row = builder.load(builder.gep(offs, [i])) if gathered else builder.mul(i, n_)
+                    at = builder.add(row, c)
                     w = (_load_vec(builder, wp, at, _VF) if mask is None
                          else _masked(builder, "load", _VF, builder.gep(wp, [at]), mask))
                     out_ = []
@@ -450,8 +445,32 @@ def skinny_f32(typingctx, out, x, wt, rows, k, n, c0, c1):
         with builder.if_then(builder.icmp_signed(">", left, zero)):
             columns(tail, _first_lanes(builder, left, LANES))(zero, [])
         return context.get_dummy_value()
+    return codegen
 
-    return types.void(out, x, wt, rows, k, n, c0, c1), codegen
+
+@intrinsic
+def skinny_f32(typingctx, out, x, wt, rows, k, n, c0, c1):
+    """out[j*n + c] = sum over i < k of x[j*k + i] * wt[i*n + c] for j < rows (at most SKINNY_ROWS) and c in [c0,
+    c1): a GEMM with few rows, x (rows, k) times wt (k, n), all flat C-order float32. Each output is its products
+    added by fma in order of i from 0.0 (the same bits on every CPU). 32 columns at a time: one load of wt's
+    row-piece feeds a multiply-add into each row's accumulator (OpenBLAS packs the whole of wt on every call, which
+    made an LSTM step's 8x256 @ 256x1024 cost ~150 us); the last columns as one masked vector."""
+    ints = all(isinstance(v, types.Integer) for v in (rows, k, n, c0, c1))
+    if not (_is_f32(out) and _is_f32(x) and _is_f32(wt) and ints):
+        return None
+    return types.void(out, x, wt, rows, k, n, c0, c1), _few_rows_codegen(False)
+
+
+@intrinsic
+def gather_f32(typingctx, out, x, src, offsets, rows, k, n, c0, c1):
+    """skinny_f32 with the right operand's row i at src[offsets[i]:]: out[j*n + c] = sum over i < k of x[j*k + i] *
+    src[offsets[i] + c]. A direct conv's inner loop (conv_direct.py): the rows are the shifted views of the
+    padded input's channels, one per (channel, kernel offset), so no im2col matrix is written."""
+    ints = all(isinstance(v, types.Integer) for v in (rows, k, n, c0, c1))
+    if not (_is_f32(out) and _is_f32(x) and _is_f32(src) and _is_i64(offsets) and ints):
+        return None
+    return types.void(out, x, src, offsets, rows, k, n, c0, c1), _few_rows_codegen(True)
+
 
 
 def _while(builder, cond, body):

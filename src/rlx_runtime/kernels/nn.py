@@ -11,7 +11,7 @@ import numpy as np
 
 from rlx_format.ops import window_count
 
-from .. import conv_pointwise, conv_shifted, conv_taps, threads
+from .. import conv_direct, conv_pointwise, conv_shifted, conv_taps, threads
 from ..backend import backend_of
 from ..clamp import relu
 from .registry import kernel, register
@@ -210,6 +210,8 @@ def _conv_nobias_cpu(a, x, w, epilogue=None):
                   for i in range(nsp)]
         if conv_taps.use_depthwise(x, w, a["group"]) or conv_taps.use_dense_taps(x, w, a["group"], out_sp):
             return conv_taps.taps2d(x, w, strides, dil, pads, out_sp, epilogue)
+        if _numba_loaded() and conv_direct.use_direct(x, w, a["group"], epilogue):
+            return conv_direct.direct2d(x, w, strides, dil, pads, out_sp, epilogue)
         if conv_shifted.use_shifted(x, w, strides, a["group"], out_sp):
             return conv_shifted.conv2d_shifted(x, w, dil, pads, out_sp, epilogue)
         if x.dtype == np.float32 and _numba_loaded():

@@ -1,0 +1,92 @@
+"""Dense 2-D float32 convs (group 1, a kernel larger than 1x1) computed straight from the stride phases of the
+padded input, without an im2col matrix (CPU, once numba is loaded).
+
+The input's channels are split into stride phases once (conv_kernels.fill_phases, as the tap convs do), so
+every (channel, kernel offset) pair reads a shifted contiguous view of them: for a 3x3 conv that is 9 views
+per channel instead of an im2col matrix 9x the input's size written and read back. The output is computed on
+the phases' grid (rows Wq wide, the last few columns of each row wasted and dropped) by simd.gather_f32: 8
+output channels x 32 grid columns of accumulators, each view's vector feeding 8 multiply-adds, the view order
+(channel, ky, kx) (conv_kernels.direct_rows). The epilogue of a FusedConv runs on each block while it is in cache.
+
+Each output is its products added by fma in (channel, ky, kx) order from 0.0: the same bits on every CPU, and
+at any thread count (threads split the output channels in blocks of 8). Conv and FusedConv take this path
+alike, so a fused conv still gives the unfused ops' values.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from . import threads
+
+# grid columns per piece of the output that all 8-channel blocks compute in turn (the piece's input views then
+# stay in L2 between the blocks)
+PIECE_COLUMNS = 1024
+# the largest inner dimension (channels x kernel) taken: a weight row of the 8-channel block is read for every
+# 32-column vector, and the input views of a piece must fit in L2
+MAX_INNER = 4608
+
+
+@functools.cache
+def _numba_side() -> tuple:
+    """(conv_kernels, simd) (numba), imported on the first direct conv (an import statement per call cost ~1 us)."""
+    from . import conv_kernels, simd
+    return conv_kernels, simd
+
+
+def use_direct(x: np.ndarray, w: np.ndarray, group: int, epilogue) -> bool:
+    """A group-1 float32 2-D conv with a kernel larger than 1x1, `epilogue` None or a one-group
+    conv_kernels.BiasActivation."""
+    return (x.ndim == 4 and x.dtype == np.float32 and w.dtype == np.float32 and group == 1
+            and w.shape[2] * w.shape[3] > 1 and w.shape[1] * w.shape[2] * w.shape[3] <= MAX_INNER
+            and (epilogue is None or getattr(epilogue, "flags", (0,))[0] == 1))
+
+
+def direct2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp, epilogue=None) -> np.ndarray:
+    """Conv without bias (n, c, h, w) * (o, c, kh, kw) -> fresh (n, o, oh, ow) float32, then `epilogue` (see
+    use_direct) on each output block."""
+    from .conv_taps import phase_offsets
+    ck, simd = _numba_side()
+    x = np.ascontiguousarray(x)
+    n, c, h, wd = x.shape
+    o, kh, kw = w.shape[0], w.shape[2], w.shape[3]
+    (sh, sw), (dh, dw) = strides, dil
+    oh, ow = out_sp
+    # the phases' geometry as conv_taps.taps2d's (its comments say why the spare row and the slack)
+    wq = -(-(wd + pads[1] + pads[3]) // sw)
+    hq = -(-(h + pads[0] + pads[2]) // sh) + 1
+    plane = hq * wq
+    stride = sh * sw * plane + simd.LANES
+    phases = np.zeros((n, c, stride), np.float32)
+    ck.fill_phases(x, phases, sh, sw, pads[0], pads[1], hq, wq)
+    phases = phases.reshape(n, c * stride)
+    offsets = phase_offsets(c, kh, kw, sh, sw, dh, dw, plane, wq, stride)
+    wk = np.ascontiguousarray(w.reshape(o, -1))
+    y = np.empty((n, o, oh, ow), np.float32)
+    piece_rows = max(1, min(oh, PIECE_COLUMNS // wq))
+    ep = threads.epilogue_fields(epilogue)
+    rows = simd.SKINNY_ROWS
+    nthreads = threads.threads_for(n * o * wk.shape[1] * oh * wq)
+    edges = [e // rows * rows for e in threads.chunk_edges(o, nthreads, 2 * rows)[:-1]] + [o]
+    if len(edges) == 2:  # one chunk: the calls themselves
+        for b in range(n):
+            ck.direct_rows(phases, wk, offsets, y, b, 0, o, wq, piece_rows, *ep)
+        return y
+    bias, has_bias, act, alpha, beta, has_lo, lo, has_hi, hi, terms = ep
+    with threads.Steps(n * (len(edges) - 1), True) as steps:
+        steps.keep += (phases, wk, offsets, y, ep)  # the rows hold only their addresses
+        for r0, r1 in zip(edges, edges[1:]):
+            for b in range(n):
+                if steps.native:
+                    k, ints, floats, r = steps.tables()
+                    k.put_direct(ints, floats, r, phases, wk, offsets, y, b, r0, r1, wq, piece_rows, bias, has_bias,
+                                 act, has_lo, has_hi, terms, alpha, beta, lo, hi)
+                    steps.added()
+                else:
+                    steps.added(functools.partial(ck.direct_rows, phases, wk, offsets, y, b, r0, r1, wq, piece_rows,
+                                                  *ep))
+            steps.end_chunk()
+        steps.run()
+    return y
