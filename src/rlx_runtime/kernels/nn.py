@@ -361,7 +361,13 @@ def _maxpool(xp, a, x):
     pads, extra, out_sp = _pool_pads(a, x, nsp, k, strides, dil)
     width = [(0, 0), (0, 0)] + [(pads[i], pads[i + nsp] + extra[i]) for i in range(nsp)]
     xpd = xp.pad(x, width, constant_values=-np.inf) if any(sum(w) for w in width) else x
-    return _pool_reduce(xp, xpd, k, strides, dil, out_sp, xp.maximum)
+    # one axis at a time, the last first: np.maximum's fold is associative to the bit (the first NaN in window
+    # order wins, and of a -0.0/0.0 tie the later one, either way), so the values are the whole-window fold's
+    for d in reversed(range(nsp)):
+        xpd = _pool_reduce(xp, xpd, [k[i] if i == d else 1 for i in range(nsp)],
+                           [strides[i] if i == d else 1 for i in range(nsp)], dil,
+                           [out_sp[i] if i == d else xpd.shape[2 + i] for i in range(nsp)], xp.maximum)
+    return xpd
 
 
 @kernel("AveragePool")
