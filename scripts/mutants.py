@@ -243,6 +243,10 @@ MUTANTS = [
     Mutant("direct_native_row_short", "a direct conv's native pool row covers its whole channel range",
            (("rlx_runtime/pool_kernels.py", "= r0, r1, wq, piece_rows", "= r0, r1 - 1, wq, piece_rows"),),
            ("test_conv_paths.py",)),
+    Mutant("row_scale_next_row", "a tensor times one value per row multiplies each row by its own value",
+           (("rlx_runtime/ufuncs.py", "        v = small[r]\n        at = r * width",
+             "        v = small[min(r + 1, small.size - 1)]\n        at = r * width"),),
+           ("test_clamp.py",)),
 ]
 
 

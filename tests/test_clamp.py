@@ -121,3 +121,88 @@ def test_large_arrays_go_through_the_bound_runs_and_small_ones_do_not(monkeypatc
     assert not calls
     clamp.relu(np.ones(64 * 56 * 56, np.float32))  # a ResNet stage's activation
     assert calls
+
+
+# ------------------------------------------------------------------ Mul: a tensor times one value per row
+def _same_products(got, want):
+    """Bit for bit, but which NaN a NaN times a NaN gives (IEEE leaves it open; numpy's broadcast loop takes the
+    broadcast operand's, a plain product the first's)."""
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    keep = ~np.isnan(want)
+    np.testing.assert_array_equal(_bits(got[keep]), _bits(want[keep]))
+
+
+def _nan_payloads(shape, seed):
+    """float32 values with NaNs of two payloads (and both signs), zeros of both signs and infinities."""
+    r = np.random.default_rng(seed)
+    x = r.standard_normal(shape).astype(np.float32)
+    bits = x.reshape(-1).view(np.uint32)
+    bits[::5] = 0x7FC00001
+    bits[2::7] = 0xFFC00123
+    bits[3::11] = 0x80000000
+    bits[4::13] = 0x7F800000
+    bits[6::17] = 0
+    return x
+
+
+@pytest.mark.parametrize("big,small", [((1, 24, 7, 7), (1, 24, 1, 1)), ((2, 5, 4, 8), (2, 5, 1, 1)),
+                                       ((3, 40), (3, 1)), ((1, 6, 9, 9), (1, 1, 1, 1)), ((2, 3, 16), (2, 3, 1))],
+                         ids=str)
+@pytest.mark.parametrize("small_first", [False, True])
+def test_row_scale_multiply_is_numpys_bit_for_bit(big, small, small_first):
+    from rlx_format.numba_setup import numba  # noqa: F401 - the row kernel runs once numba is loaded
+    from rlx_runtime.kernels.elementwise import multiply_cpu
+    a, s = _nan_payloads(big, 1), _nan_payloads(small, 2)
+    x, y = (s, a) if small_first else (a, s)
+    want = np.multiply(x, y)
+    _same_products(multiply_cpu(x, y), want)
+    _same_products(CPU.kernel("Mul")(np, {}, x, y), want)
+    if not small_first:
+        inplace = a.copy()
+        assert multiply_cpu(inplace, s, out=inplace) is inplace
+        _same_products(inplace, want)
+
+
+def test_row_scale_multiply_takes_the_kernel_only_where_it_applies(monkeypatch):
+    from rlx_format.numba_setup import numba  # noqa: F401
+    from rlx_runtime import ufuncs
+    from rlx_runtime.kernels import elementwise
+    calls = []
+    real = ufuncs.scale_rows
+    monkeypatch.setattr(ufuncs, "scale_rows", lambda *a: calls.append(1) or real(*a))
+    f = np.ones((1, 24, 7, 7), np.float32)
+    cases = [(f, np.ones((1, 24, 1, 1), np.float32), True),
+             (np.ones((2, 24, 7, 7), np.float32), np.ones((1, 24, 1, 1), np.float32), False),  # batch broadcast
+             (f, np.ones((1, 1, 7, 7), np.float32), False),  # not one value per row
+             (f, np.ones((1, 24, 7, 1), np.float32), False),  # rows of 7: shorter than MIN_ROW
+             (f.astype(np.float64), np.ones((1, 24, 1, 1)), False),
+             (f, np.float32(2), False)]
+    for x, y, taken in cases:
+        calls.clear()
+        np.testing.assert_array_equal(elementwise.multiply_cpu(x, y), np.multiply(x, y))
+        assert bool(calls) == taken, (x.shape, np.shape(y))
+    monkeypatch.setitem(__import__("sys").modules, "numba", None)
+    calls.clear()
+    elementwise.multiply_cpu(*cases[0][:2])
+    assert not calls  # numba not loaded: numpy's multiply
+
+
+def test_a_squeeze_excite_mul_in_a_plan_takes_the_row_kernel(monkeypatch):
+    """Mul(x, s) computed in place on a dying x in the generated code, and by the kernel otherwise."""
+    from rlx_format import GraphBuilder
+    from rlx_format.numba_setup import numba  # noqa: F401
+    from rlx_runtime import Session, ufuncs
+    calls = []
+    real = ufuncs.scale_rows
+    monkeypatch.setattr(ufuncs, "scale_rows", lambda *a: calls.append(1) or real(*a))
+    g = GraphBuilder("se")
+    x = g.input("x", "f32", [1, 16, 8, 8])
+    s = g.input("s", "f32", [1, 16, 1, 1])
+    y = g.op("Neg", x, name="y")  # a fresh buffer that dies at the Mul: multiplied in place
+    g.output(g.op("Mul", y, s, name="out"))
+    g.output(g.op("Mul", s, x, name="out2"))  # x is an input: the kernel
+    xv, sv = _nan_payloads((1, 16, 8, 8), 3), _nan_payloads((1, 16, 1, 1), 4)
+    got = Session().compile(g.build()).run({"x": xv, "s": sv})
+    assert len(calls) == 2
+    _same_products(got["out"], np.multiply(-xv, sv))
+    _same_products(got["out2"], np.multiply(sv, xv))

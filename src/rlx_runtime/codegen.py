@@ -14,10 +14,11 @@ import numpy as np
 from rlx_format.dtypes import FLOAT_DTYPES
 
 from .clamp import relu
+from .kernels.elementwise import multiply_cpu
 from .kernels.registry import FACTS
 
 # in-place spellings that are not a plain numpy ufunc over the inputs
-_INPLACE_CALLS = {"relu": "_relu({0}, out={0})"}
+_INPLACE_CALLS = {"relu": "_relu({0}, out={0})", "multiply": "_multiply({0}, {1}, out={0})"}
 
 
 def _fits(shape: tuple, out: tuple) -> bool:
@@ -36,7 +37,7 @@ def generate(plan) -> tuple[object, dict[int, int]]:
     # so it is never written in place; nor is an aliasing op's result (it may be another value's buffer)
     viewed = {n.inputs[0] for n in g.nodes if FACTS[n.op].aliases and n.inputs}
     name_of = {s: n for n, s in plan.slot.items()}
-    ns: dict = {"xp": plan.xp, "np": np, "_relu": relu}
+    ns: dict = {"xp": plan.xp, "np": np, "_relu": relu, "_multiply": multiply_cpu}
     lines = ["def _run(vals):"]
     line_step: dict[int, int] = {}
     loaded = set()

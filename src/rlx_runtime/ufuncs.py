@@ -325,3 +325,16 @@ def silu(x: np.ndarray) -> np.ndarray:
     if x.dtype == np.float32:
         return _sigmoid_f32(x, True)
     return x * sigmoid(x)
+
+
+# ------------------------------------------------------------------ a tensor times one scale per row
+# error_model="numpy": no exception branch, so the row loop vectorizes (see sigmoid_f32_loop)
+@numba.njit(cache=True, error_model="numpy")
+def scale_rows(big, small, out, width):  # pragma: no cover - compiled
+    """out[r * width + i] = big[r * width + i] * small[r], all flat float32 (a NaN times a NaN gives one of the two,
+    as IEEE leaves it; numpy's own loops differ there too)."""
+    for r in range(small.size):
+        v = small[r]
+        at = r * width
+        for i in range(width):
+            out[at + i] = big[at + i] * v
