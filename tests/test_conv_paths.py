@@ -648,3 +648,28 @@ def test_a_mobilenet_sized_depthwise_conv_splits_over_two_threads(monkeypatch):
     with threadpool_limits(1, "blas"), threads.forward_threads():
         one = conv_taps.taps2d(x, w, (1, 1), (1, 1), (2, 2, 2, 2), (7, 7))
     np.testing.assert_array_equal(two, one)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("xs,ws,attrs", [
+    ((1, 24, 13, 11), (20, 24, 3, 3), {"pads": [1, 1, 1, 1]}),  # direct
+    ((2, 16, 9, 9), (72, 16, 1, 1), {}),  # pointwise, the few-rows GEMM
+    ((1, 12, 19, 23), (12, 1, 3, 3), {"pads": [1, 1, 1, 1], "group": 12}),  # depthwise taps
+    ((1, 8, 10, 10), (12, 4, 3, 3), {"pads": [1, 1, 1, 1], "group": 2}),  # grouped: im2col + GEMM
+    ((1, 4, 6, 6), (8, 4, 1, 1), {}),  # a squeeze-excite-sized one: the GEMM, then y += b
+], ids=str)
+def test_a_plain_convs_bias_added_in_the_kernels_is_y_plus_b(xs, ws, attrs):
+    """Once numba is loaded a float32 Conv's bias is added by the conv kernels' epilogue ("Identity"): the values
+    of its unbiased result plus b (numpy's add), bit for bit, NaN and Inf inputs included."""
+    from rlx_format.numba_setup import numba  # noqa: F401 - the epilogue paths are taken once numba is loaded
+    from rlx_runtime.kernels.registry import prepare_attrs
+    a = prepare_attrs("Conv", {"strides": [1, 1], "dilations": [1, 1], "pads": [0, 0, 0, 0], "group": 1, **attrs})
+    x = RNG.standard_normal(xs).astype(np.float32)
+    x.reshape(-1)[::37] = np.nan
+    x.reshape(-1)[5::41] = np.inf
+    w = RNG.standard_normal(ws).astype(np.float32)
+    b = RNG.standard_normal(ws[0]).astype(np.float32)
+    want = nn._conv_nobias_cpu(a, x, w) + b.reshape(1, -1, 1, 1)
+    got = nn._conv_cpu(np, a, x, w, b)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert a.get("_epilogue") is not None or xs == (1, 4, 6, 6)  # the kernels' epilogue, but for the tiny one

@@ -15,7 +15,8 @@ from rlx_format.numba_setup import numba
 from .simd import SKINNY_ROWS, copy_f32, gather_f32, sum_f32, taps_f32
 from .ufuncs import EXP_TERMS, sigmoid_f32_loop
 
-ACTIVATION_CODES = {"Relu": 0, "Sigmoid": 1, "Silu": 2, "LeakyRelu": 3, "Clip": 4, "HardSwish": 5}
+# Identity: the bias alone (a plain Conv's, added on blocks in cache instead of a pass over the whole output)
+ACTIVATION_CODES = {"Relu": 0, "Sigmoid": 1, "Silu": 2, "LeakyRelu": 3, "Clip": 4, "HardSwish": 5, "Identity": 6}
 
 
 # error_model="numpy" as in ufuncs.py: no exception branch, so the row loops vectorize. nogil: blocks of one
@@ -64,6 +65,8 @@ def bias_act_rows(flat, m, n, b0, b1, r0, r1, c0, c1, groups, bias, has_bias, ac
 @numba.njit(cache=True, error_model="numpy", nogil=True, inline="always")
 def activate(flat, start, count, act, alpha, beta, has_lo, lo, has_hi, hi, terms, tmp):  # pragma: no cover
     """The activation in place on flat[start:start + count] (ACTIVATION_CODES; tmp: act_scratch's)."""
+    if act == 6:  # Identity
+        return
     if act == 1 or act == 2:  # through tmp, a piece at a time: see act_scratch
         done = 0
         while done < count:
