@@ -182,13 +182,27 @@ def test_budget_bounds_what_folding_really_allocates():
         assert ("t2" not in {n.name for n in out.nodes}) == folds
 
 
+# the child's own peak RSS in KiB: /proc's VmHWM belongs to the exec'd image alone. getrusage's ru_maxrss does not:
+# Linux keeps it across fork and execve, so a child forked from a pytest process that had grown past 1 GB (a
+# whole `make test` run) reported the parent's size, not its own
+_PEAK = ("import resource\n"
+         "def _peak():\n"
+         "    try:\n"
+         "        for line in open('/proc/self/status'):\n"
+         "            if line.startswith('VmHWM:'):\n"
+         "                return int(line.split()[1])\n"
+         "    except OSError:\n"
+         "        pass\n"
+         "    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n")
+
+
 def _child_peak_mb(code: str, limit: int) -> tuple[int, float, str]:
     """Run `code` in a fresh interpreter under a data-size limit; its own peak RSS in MB."""
     def cap():
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
 
-    wrapped = (f"import resource\ntry:\n    exec({code!r})\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
-               "print('peak', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    wrapped = (f"{_PEAK}try:\n    exec({code!r})\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+               "print('peak', _peak())")
     p = subprocess.run([sys.executable, "-c", wrapped], preexec_fn=cap, capture_output=True, text=True, timeout=300)
     peak = [line.split()[1] for line in p.stdout.splitlines() if line.startswith("peak ")]
     return p.returncode, int(peak[0]) / 1024 if peak else float("inf"), p.stdout + p.stderr
