@@ -36,6 +36,14 @@ CASES = [
 ]
 
 
+def _count_calls(monkeypatch, module, name: str) -> list:
+    """Wrap module.name so that each call appends to the returned list (which path a conv took)."""
+    calls = []
+    real = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
 @pytest.fixture
 def split_small(monkeypatch):
     """Split work over the threads however small (these tests' shapes are below the shipped threshold)."""
@@ -50,10 +58,7 @@ def always_shifted(monkeypatch):
     monkeypatch.setattr(conv_shifted, "MIN_COLUMN_BYTES", 0)
     monkeypatch.setattr(conv_shifted, "MIN_OUT_WIDTH", 1)
     monkeypatch.setattr(conv_shifted, "WITH_NATIVE_POOL", True)  # its own 2-thread chunks are tested too
-    calls = []
-    real = conv_shifted.conv2d_shifted
-    monkeypatch.setattr(conv_shifted, "conv2d_shifted", lambda *a, **k: calls.append(1) or real(*a, **k))
-    return calls
+    return _count_calls(monkeypatch, conv_shifted, "conv2d_shifted")
 
 
 def _onnx_conv(xs, w, b, attrs) -> bytes:
@@ -198,10 +203,8 @@ def test_real_exported_model_matches_onnxruntime(path, tmp_path, monkeypatch):
     name = onnx.load(str(path)).graph.input[0].name
     ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {name: x.numpy()})[0]
     rf, _ = bake(*import_onnx(path), BakeOptions.from_profile("exact"))
-    calls = []
-    module, fn = (conv_shifted, "conv2d_shifted") if path == "shifted" else (conv_direct, "direct2d")
-    real = getattr(module, fn)
-    monkeypatch.setattr(module, fn, lambda *a, **k: calls.append(1) or real(*a, **k))
+    calls = _count_calls(monkeypatch, *((conv_shifted, "conv2d_shifted") if path == "shifted"
+                                        else (conv_direct, "direct2d")))
     if path == "shifted":
         monkeypatch.setattr(conv_direct, "MAX_INNER", 0)
     with threadpool_limits(1, "blas"):  # at 2 threads, with numba loaded, im2col's GEMM is taken instead
@@ -264,10 +267,7 @@ def _depthwise(xs, k, attrs):
 
 @pytest.fixture
 def depthwise_calls(monkeypatch):
-    calls = []
-    real = conv_taps.taps2d
-    monkeypatch.setattr(conv_taps, "taps2d", lambda *a, **k: calls.append(1) or real(*a, **k))
-    return calls
+    return _count_calls(monkeypatch, conv_taps, "taps2d")
 
 
 @pytest.mark.parametrize("xs,k,attrs", DEPTHWISE, ids=str)
@@ -320,10 +320,7 @@ def dense_calls(monkeypatch):
     """Every dense conv (whatever its weight count) takes the tap path; the calls are recorded."""
     monkeypatch.setattr(conv_taps, "MAX_DENSE_WEIGHTS", 1 << 30)
     monkeypatch.setattr(conv_taps, "MIN_DENSE_PIXELS", 1)
-    calls = []
-    real = conv_taps.taps2d
-    monkeypatch.setattr(conv_taps, "taps2d", lambda *a, **k: calls.append(1) or real(*a, **k))
-    return calls
+    return _count_calls(monkeypatch, conv_taps, "taps2d")
 
 
 DENSE = CASES + [((2, 3, 33, 30), (16, 3, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),  # an RGB stem
@@ -422,10 +419,7 @@ DIRECT = CASES + [
 def direct_calls(monkeypatch):
     from rlx_format.numba_setup import numba  # noqa: F401 - the path is taken once numba is loaded
     monkeypatch.setattr(conv_taps, "MAX_DENSE_WEIGHTS", 0)  # small convs would take the tap path first
-    calls = []
-    real = conv_direct.direct2d
-    monkeypatch.setattr(conv_direct, "direct2d", lambda *a, **k: calls.append(1) or real(*a, **k))
-    return calls
+    return _count_calls(monkeypatch, conv_direct, "direct2d")
 
 
 @pytest.mark.parametrize("xs,ws,attrs", DIRECT, ids=str)
@@ -485,19 +479,6 @@ def test_which_convs_take_the_direct_path(xs, ws, group, dtype, grouped_epilogue
     assert conv_direct.use_direct(np.zeros(xs, dtype), np.zeros(ws, dtype), group, ep) is taken
 
 
-def test_without_numba_dense_convs_take_im2col(direct_calls, monkeypatch):
-    import sys
-    x = RNG.standard_normal((1, 8, 20, 20)).astype(np.float32)
-    w = RNG.standard_normal((16, 8, 3, 3)).astype(np.float32)
-    a = {"strides": [2, 2], "dilations": [1, 1], "pads": [1, 1, 1, 1], "group": 1}
-    with_numba = nn._conv_nobias_cpu(a, x, w)
-    assert direct_calls == [1]
-    monkeypatch.setitem(sys.modules, "numba", None)
-    without = nn._conv_nobias_cpu(a, x, w)
-    assert direct_calls == [1]
-    np.testing.assert_allclose(with_numba, without, rtol=1e-5, atol=1e-5)
-
-
 # -------------------------------------------------------------- pointwise convs by simd.skinny_f32 (conv_pointwise.py)
 # (x shape, outputs): a masked last vector and outputs not a multiple of 8 (210 pixels, 37 channels), two images,
 # a 7x7 plane (49 pixels: split by output channels at 2 threads), a single 32-pixel vector
@@ -508,10 +489,7 @@ POINTWISE = [((1, 24, 14, 15), 37), ((2, 16, 9, 9), 72), ((1, 96, 7, 7), 144), (
 def pointwise_calls(monkeypatch):
     from rlx_format.numba_setup import numba  # noqa: F401 - the path is taken once numba is loaded
     from rlx_runtime import conv_pointwise
-    calls = []
-    real = conv_pointwise.pointwise
-    monkeypatch.setattr(conv_pointwise, "pointwise", lambda *a, **k: calls.append(1) or real(*a, **k))
-    return calls
+    return _count_calls(monkeypatch, conv_pointwise, "pointwise")
 
 
 @pytest.mark.parametrize("xs,o", POINTWISE, ids=str)
@@ -577,16 +555,20 @@ def test_which_pointwise_convs_take_the_skinny_kernel(xs, o, dtype, grouped, tak
     assert use_pointwise(np.zeros(xs, dtype), np.zeros((o, xs[1], 1, 1), dtype), ep) is taken
 
 
-def test_without_numba_pointwise_convs_are_one_blas_gemm(pointwise_calls, monkeypatch):
+@pytest.mark.parametrize("path,xs,ws,attrs", [
+    ("direct_calls", (1, 8, 20, 20), (16, 8, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),  # then im2col
+    ("pointwise_calls", (1, 24, 14, 14), (144, 24, 1, 1), {})], ids=str)  # then one BLAS GEMM
+def test_without_numba_the_numba_conv_paths_give_way(path, xs, ws, attrs, request, monkeypatch):
     import sys
-    x = RNG.standard_normal((1, 24, 14, 14)).astype(np.float32)
-    w = RNG.standard_normal((144, 24, 1, 1)).astype(np.float32)
-    a = {"strides": [1, 1], "dilations": [1, 1], "pads": [0, 0, 0, 0], "group": 1}
+    calls = request.getfixturevalue(path)
+    x = RNG.standard_normal(xs).astype(np.float32)
+    w = RNG.standard_normal(ws).astype(np.float32)
+    a = {"strides": [1, 1], "dilations": [1, 1], "pads": [0, 0, 0, 0], "group": 1, **attrs}
     with_numba = nn._conv_nobias_cpu(a, x, w)
-    assert pointwise_calls == [1]
+    assert calls == [1]
     monkeypatch.setitem(sys.modules, "numba", None)
     without = nn._conv_nobias_cpu(a, x, w)
-    assert pointwise_calls == [1]
+    assert calls == [1]
     np.testing.assert_allclose(with_numba, without, rtol=1e-5, atol=1e-5)
 
 
@@ -622,9 +604,7 @@ def test_strided_convs_take_numbas_im2col_once_numba_is_loaded(monkeypatch):
     w = RNG.standard_normal((16, 8, 3, 3)).astype(np.float32)
     a = {"strides": [2, 2], "dilations": [1, 1], "pads": [1, 1, 1, 1], "group": 1}
     monkeypatch.setattr(conv_direct, "MAX_INNER", 0)  # a conv the direct path would take
-    calls = []
-    real = nn._im2col_numba
-    monkeypatch.setattr(nn, "_im2col_numba", lambda *args: calls.append(1) or real(*args))
+    calls = _count_calls(monkeypatch, nn, "_im2col_numba")
     with_numba = nn._conv_nobias_cpu(a, x, w)
     assert calls == [1]
     monkeypatch.setitem(sys.modules, "numba", None)
