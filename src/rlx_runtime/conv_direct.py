@@ -47,18 +47,14 @@ def use_direct(x: np.ndarray, w: np.ndarray, group: int, epilogue) -> bool:
 def direct2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp, epilogue=None) -> np.ndarray:
     """Conv without bias (n, c, h, w) * (o, c, kh, kw) -> fresh (n, o, oh, ow) float32, then `epilogue` (see
     use_direct) on each output block."""
-    from .conv_taps import phase_offsets
+    from .conv_taps import phase_layout, phase_offsets
     ck, simd = _numba_side()
     x = np.ascontiguousarray(x)
     n, c, h, wd = x.shape
     o, kh, kw = w.shape[0], w.shape[2], w.shape[3]
     (sh, sw), (dh, dw) = strides, dil
     oh, ow = out_sp
-    # the phases' geometry as conv_taps.taps2d's (its comments say why the spare row and the slack)
-    wq = -(-(wd + pads[1] + pads[3]) // sw)
-    hq = -(-(h + pads[0] + pads[2]) // sh) + 1
-    plane = hq * wq
-    stride = sh * sw * plane + simd.LANES
+    wq, hq, plane, stride = phase_layout(h, wd, pads, sh, sw, simd.LANES)
     phases = np.zeros((n, c, stride), np.float32)
     ck.fill_phases(x, phases, sh, sw, pads[0], pads[1], hq, wq)
     phases = phases.reshape(n, c * stride)
@@ -67,9 +63,8 @@ def direct2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp, epilogue=
     y = np.empty((n, o, oh, ow), np.float32)
     piece_rows = max(1, min(oh, PIECE_COLUMNS // wq))
     ep = threads.epilogue_fields(epilogue)
-    rows = simd.SKINNY_ROWS
     nthreads = threads.threads_for(n * o * wk.shape[1] * oh * wq)
-    edges = [e // rows * rows for e in threads.chunk_edges(o, nthreads, 2 * rows)[:-1]] + [o]
+    edges = threads.block_edges(o, nthreads, simd.SKINNY_ROWS)
     if len(edges) == 2:  # one chunk: the calls themselves
         for b in range(n):
             ck.direct_rows(phases, wk, offsets, y, b, 0, o, wq, piece_rows, *ep)

@@ -63,11 +63,8 @@ def pointwise(w: np.ndarray, x: np.ndarray, epilogue=None) -> np.ndarray:
             skinny_rows(y[b].reshape(-1), w.reshape(-1), x[b].reshape(-1), o, c, p, 0, p, 0, o, *ep)
         return y
     by_columns = p >= 2 * simd.LANES * nthreads
-    if by_columns:
-        edges = threads.column_edges(p, nthreads)
-    else:
-        rows = simd.SKINNY_ROWS
-        edges = [e // rows * rows for e in threads.chunk_edges(o, nthreads, 2 * rows)[:-1]] + [o]
+    edges = (threads.block_edges(p, nthreads, simd.LANES) if by_columns
+             else threads.block_edges(o, nthreads, simd.SKINNY_ROWS))
     with threads.Steps(n * (len(edges) - 1), True) as steps:
         for e0, e1 in zip(edges, edges[1:]):
             for b in range(n):

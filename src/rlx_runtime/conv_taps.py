@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from functools import partial
 
 import numpy as np
@@ -52,9 +51,20 @@ def _numba_side() -> tuple:
     return conv_kernels, simd.LANES
 
 
+def phase_layout(h: int, w: int, pads, sh: int, sw: int, lanes: int) -> tuple[int, int, int, int]:
+    """(wq, hq, plane, stride) of an (h, w) input's stride phases: each phase plane holds every padded row and
+    column (so no kept output column wraps into the next row: ow - 1 + (kw-1)*dw // sw < ceil(wp / sw)), plus one
+    spare row for the last grid row's reads past the kept columns; a channel's phases take `stride` floats, with
+    `lanes` of slack for the grid's last vector."""
+    wq = -(-(w + pads[1] + pads[3]) // sw)
+    hq = -(-(h + pads[0] + pads[2]) // sh) + 1
+    plane = hq * wq
+    return wq, hq, plane, sh * sw * plane + lanes
+
+
 @functools.lru_cache(maxsize=256)
 def phase_offsets(channels: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw: int, plane: int, wq: int,
-             stride: int) -> np.ndarray:
+                  stride: int) -> np.ndarray:
     """Where each tap reads, relative to an output's grid position: per channel read (a dense conv's output sums
     over every input channel, then its taps: (c, ky, kx) order), the tap's phase plane, row and column offset."""
     kernel = [((ky * dh % sh) * sw + kx * dw % sw) * plane + (ky * dh // sh) * wq + kx * dw // sw
@@ -64,8 +74,7 @@ def phase_offsets(channels: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw
     return found
 
 
-def taps2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp,
-           epilogue: Callable[..., None] | None = None) -> np.ndarray:
+def taps2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp, epilogue=None) -> np.ndarray:
     """Conv without bias, depthwise ((n, c, h, w) * (c, 1, kh, kw), group c) or dense with few taps ((n, c, h, w)
     * (o, c, kh, kw), group 1) -> fresh (n, o, oh, ow) float32. `epilogue`, a conv_kernels.BiasActivation, is
     applied to each output channel by the kernel as soon as that channel is done."""
@@ -76,16 +85,10 @@ def taps2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp,
     dense = not (w.shape[1] == 1 and o == c)  # depthwise: one input channel per output
     (sh, sw), (dh, dw) = strides, dil
     oh, ow = out_sp
-    hp, wp = h + pads[0] + pads[2], wd + pads[1] + pads[3]
-    # phase planes hold every padded row and column (so no kept output column wraps into the next row: ow - 1 +
-    # (kw-1)*dw // sw < ceil(wp / sw)), plus one spare row for the last grid row's reads past the kept columns
-    wq = -(-wp // sw)
-    hq = -(-hp // sh) + 1
-    # the grid rounded up to whole 32-lane vectors (no scalar tail: a 7x7 plane has 77 outputs), and as much
-    # slack after each channel's phases for those extra reads
+    wq, hq, plane, stride = phase_layout(h, wd, pads, sh, sw, lanes)
+    # the grid rounded up to whole 32-lane vectors (no scalar tail: a 7x7 plane has 77 outputs; the phases' slack
+    # covers those extra reads)
     size = -(-(oh * wq) // lanes) * lanes
-    plane = hq * wq
-    stride = sh * sw * plane + lanes
     if dense:  # every output reads every channel's phases: all of them first
         phases = np.zeros((n, c, stride), np.float32)
         ck.fill_phases(x, phases, sh, sw, pads[0], pads[1], hq, wq)

@@ -605,7 +605,7 @@ def few_rows_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
     m, n = a.shape[0], b.shape[1]
     out = np.empty((m, n), np.float32)
     threads = threads_for(m * n * a.shape[1])
-    edges = column_edges(n, threads)
+    edges = block_edges(n, threads, 32)  # whole 32-column vectors per chunk
     with Steps(len(edges), True) as steps:
         for c0, c1 in zip(edges, edges[1:]):
             skinny_step(steps, a, b, out, c0, c1, 0, m)
@@ -614,9 +614,10 @@ def few_rows_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
     return out
 
 
-def column_edges(n: int, threads: int) -> list[int]:
-    """chunk_edges over n columns in whole 32-column vectors (the last chunk takes the rest)."""
-    return [e // 32 * 32 for e in chunk_edges(n, threads, 64)[:-1]] + [n]
+def block_edges(length: int, threads: int, block: int) -> list[int]:
+    """chunk_edges along `length` with each edge a whole number of `block`s (32-column vectors, 8-row blocks of
+    the few-rows GEMM) and each chunk at least two blocks; the last chunk takes the rest."""
+    return [e // block * block for e in chunk_edges(length, threads, 2 * block)[:-1]] + [length]
 
 
 _no_epilogue: tuple | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 
@@ -14,10 +15,16 @@ from ..clamp import SMALL, clamp, relu
 from .registry import kernel, register
 
 
+@functools.cache
+def _ufuncs():
+    """ufuncs.py (numba), imported on first use (an import statement per call cost ~1 us)."""
+    from .. import ufuncs
+    return ufuncs
+
+
 @kernel("Silu", backend="cpu")
 def _silu_cpu(xp, a, x):
-    from ..ufuncs import silu
-    return silu(x)  # one pass, no sigmoid temporary
+    return _ufuncs().silu(x)  # one pass, no sigmoid temporary
 
 
 def _unary(name: str, fn, **facts):
@@ -104,8 +111,7 @@ def _gelu(xp, a, x):
 def _gelu_cpu(xp, a, x):
     if a["approximate"] == "tanh":
         return _gelu(xp, a, x)
-    from ..ufuncs import gelu_erf
-    return gelu_erf(x)  # one pass: the same float32 steps as the generic kernel
+    return _ufuncs().gelu_erf(x)  # one pass: the same float32 steps as the generic kernel
 
 
 @kernel("Clip", aliases=True)  # without bounds it returns its input
@@ -148,6 +154,9 @@ def _cast(xp, a, x):
 register("Add", lambda xp, a, x, y: x + y, inplace="add")
 register("Sub", lambda xp, a, x, y: x - y, inplace="subtract")
 register("Mul", lambda xp, a, x, y: x * y, inplace="multiply")
+register("Max", lambda xp, a, x, y: xp.maximum(x, y), inplace="maximum")
+register("Min", lambda xp, a, x, y: xp.minimum(x, y), inplace="minimum")
+register("Pow", lambda xp, a, x, y: xp.power(x, y))
 
 
 # the row scale pays from rows this long (a squeeze-excite block's planes are 49-12544 elements)
@@ -167,9 +176,8 @@ def multiply_cpu(x, y, out=None):
             while k and small.shape[k - 1] == 1:
                 k -= 1
             if small.shape[:k] == big.shape[:k]:  # one value per row of big's last ndim - k axes
-                from ..ufuncs import scale_rows
                 dst = np.empty_like(big) if out is None else out
-                scale_rows(big.reshape(-1), small.reshape(-1), dst.reshape(-1), big.size // small.size)
+                _ufuncs().scale_rows(big.reshape(-1), small.reshape(-1), dst.reshape(-1), big.size // small.size)
                 return dst
     return np.multiply(x, y, out=out)
 
@@ -177,9 +185,6 @@ def multiply_cpu(x, y, out=None):
 @kernel("Mul", backend="cpu")
 def _mul_cpu(xp, a, x, y):
     return multiply_cpu(x, y)
-register("Max", lambda xp, a, x, y: xp.maximum(x, y), inplace="maximum")
-register("Min", lambda xp, a, x, y: xp.minimum(x, y), inplace="minimum")
-register("Pow", lambda xp, a, x, y: xp.power(x, y))
 
 
 @kernel("Pow", backend="cpu")
