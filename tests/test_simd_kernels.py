@@ -123,25 +123,25 @@ def test_fused_dot_propagates_nan_and_inf(enc):
 # ---------------------------------------------------------------- copy_f32 (the tap convs' row copies)
 @pytest.fixture(scope="module")
 def copy_rows():
+    """{masked_tail: run(dst, at, src, start, count, step)}: both ways of ending a row (the CPU picks one)."""
     from rlx_format.numba_setup import numba
-    from rlx_runtime.simd import copy_f32
+    from rlx_runtime.simd import copy_intrinsic
 
-    @numba.njit(error_model="numpy")
-    def run(dst, at, src, start, count, step):
-        copy_f32(dst, at, src, start, count, step)
-    return run
+    return {masked: numba.njit(lambda dst, at, src, start, count, step, f=copy_intrinsic(masked):
+                               f(dst, at, src, start, count, step)) for masked in (True, False)}
 
 
+@pytest.mark.parametrize("masked", [True, False], ids=["masked-tail", "vectors-of-8"])
 @pytest.mark.parametrize("step", [1, 2, 3])
-def test_copy_f32_copies_exactly_the_strided_elements(copy_rows, step):
-    """Every count up to past two 32-lane vectors (so each of the 32/16/8/4-lane steps and the element tail runs
-    alone and in combination), three source offsets: the copied elements are src[start::step][:count], and
-    nothing else in dst changes."""
+def test_copy_f32_copies_exactly_the_strided_elements(copy_rows, step, masked):
+    """Every count up to past three 32-lane vectors (so the 32-lane vectors, the 8-lane ones or the masked one
+    and the element tail run alone and in combination), three source offsets: the copied elements are
+    src[start::step][:count], and nothing else in dst changes."""
     src = R.standard_normal(400).astype(np.float32)
     for count in range(0, 100):
         for start in (0, 1, 7):
             dst = np.full(120, -3.0, np.float32)
-            copy_rows(dst, 5, src, start, count, step)
+            copy_rows[masked](dst, 5, src, start, count, step)
             want = np.full(120, -3.0, np.float32)
             want[5:5 + count] = src[start::step][:count]
             np.testing.assert_array_equal(dst, want, err_msg=f"count {count} start {start}")
@@ -176,13 +176,15 @@ def _in_a_child(body: str) -> None:
     assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stderr[-2000:])
 
 
-def test_copy_f32_reads_and_writes_nothing_past_the_row(copy_rows):
+@pytest.mark.parametrize("masked", [True, False], ids=["masked-tail", "vectors-of-8"])
+def test_copy_f32_reads_and_writes_nothing_past_the_row(masked):
     """The vector steps may only touch the elements copied: source and destination each end right before an
     inaccessible page, so a read or write one element past them would kill the process."""
     _in_a_child(
+        f"copy = simd.copy_intrinsic({masked})\n"
         "@numba.njit(error_model='numpy')\n"
         "def run(dst, at, src, start, count, step):\n"
-        "    simd.copy_f32(dst, at, src, start, count, step)\n"
+        "    copy(dst, at, src, start, count, step)\n"
         "for step in (1, 2):\n"
         "    for count in range(1, 80):\n"
         "        src, m1 = t._guarded((count - 1) * step + 1)\n"
@@ -250,3 +252,132 @@ def test_global_average_pool_by_the_vector_sums_matches_float64():
         want = x.astype(np.float64).mean(axis=tuple(range(2, x.ndim)), keepdims=True)
         assert got.shape == want.shape and got.dtype == np.float32
         np.testing.assert_allclose(got, want, rtol=0, atol=2e-7)
+
+
+# ------------------------------------------------------- the few-rows GEMM's register tiles (skinny_f32, gather_f32)
+
+_TILES = [(8, 32), (4, 16), (3, 8)]  # AVX-512's, AVX2's, and one whose passes do not divide SKINNY_ROWS
+
+
+@pytest.fixture(scope="module")
+def few_rows_by_tile():
+    """{tile: (skinny(out, x, wt, rows, k, n, c0, c1), gather(out, x, src, offsets, rows, k, n, c0, c1))}, njit
+    wrappers of the intrinsics built with that tile."""
+    from rlx_format.numba_setup import numba
+    from rlx_runtime import simd
+
+    built = {}
+    for tile in _TILES:
+        sk, ga = simd.few_rows_intrinsics(tile)
+        built[tile] = (numba.njit(lambda out, x, wt, rows, k, n, c0, c1, f=sk: f(out, x, wt, rows, k, n, c0, c1)),
+                       numba.njit(lambda out, x, src, offs, rows, k, n, c0, c1, f=ga: f(out, x, src, offs, rows, k,
+                                                                                            n, c0, c1)))
+    return built
+
+
+@pytest.mark.parametrize("rows,k,n,c0,c1", [(1, 7, 50, 0, 50), (3, 64, 96, 5, 93), (4, 33, 40, 0, 40),
+                                            (5, 100, 130, 17, 130), (8, 256, 97, 0, 97), (8, 9, 32, 0, 31),
+                                            (7, 1, 16, 3, 4)], ids=str)
+def test_every_register_tile_gives_the_same_bits(few_rows_by_tile, rows, k, n, c0, c1):
+    """The tile (rows per pass over k, columns per vector) is picked by the CPU: each output must still be its own
+    fma chain in order of k, so every tile gives the same bits, each within a dot's rounding of float64; outputs
+    outside [c0, c1) and rows past `rows` are left alone."""
+    from rlx_runtime.simd import SKINNY_ROWS
+
+    x = R.standard_normal(rows * k).astype(np.float32)
+    wt = R.standard_normal(k * n).astype(np.float32)
+    offsets = np.arange(k, dtype=np.int64) * n  # gather over the rows of wt: the same GEMM
+    outs = []
+    for tile, (sk, ga) in few_rows_by_tile.items():
+        for fn, extra in ((sk, ()), (ga, (offsets,))):
+            out = np.full(SKINNY_ROWS * n, 7.0, np.float32)
+            fn(out, x, wt, *extra, rows, k, n, c0, c1)
+            outs.append((tile, out))
+    ref = outs[0][1]
+    for tile, out in outs[1:]:
+        np.testing.assert_array_equal(out, ref, err_msg=f"tile {tile}")
+    got = ref.reshape(SKINNY_ROWS, n)
+    assert np.all(got[rows:] == 7.0) and np.all(got[:, :c0] == 7.0) and np.all(got[:, c1:] == 7.0)
+    a, b = x.reshape(rows, k).astype(np.float64), wt.reshape(k, n).astype(np.float64)
+    bound = k * np.finfo(np.float32).eps * (np.abs(a) @ np.abs(b))
+    assert np.all(np.abs(got[:rows, c0:c1] - (a @ b)[:, c0:c1]) <= bound[:, c0:c1])
+
+
+# ---------------------------------------------------------------- sigmoid_f32 (Sigmoid, SiLU, their conv epilogues)
+def _sigmoid_steps(x: np.ndarray, silu: bool) -> np.ndarray:
+    """The documented float32 steps (ufuncs.py, above _exp_neg) in numpy float32, one IEEE operation at a time."""
+    f = np.float32
+    from rlx_runtime import ufuncs as u
+    with np.errstate(all="ignore"):
+        a = np.abs(x)
+        a = np.where(a < u._ABS_MAX, a, u._ABS_MAX).astype(f)
+        kf = np.floor(a * u._INV_LN2 + f(0.5)).astype(f)
+        k = kf.astype(np.int32)
+        s = ((kf * u._LN2_HI - a) + kf * u._LN2_LO).astype(f)
+        s2 = s * s
+        p0, p1, p2, p3, p4, p5 = u.EXP_TERMS
+        q = ((p5 + p4 * s) + (p3 + p2 * s) * s2) + (p1 + p0 * s) * (s2 * s2)
+        e = (q * s2 + s) + f(1.0)
+        k1 = np.minimum(k, 125)
+        t = e * ((127 - k1) << 23).astype(np.int32).view(f) * ((127 - (k - k1)) << 23).astype(np.int32).view(f)
+        r = np.where(x >= 0, f(1.0), t) / (f(1.0) + t)
+        r = np.where(np.isnan(x), x, r).astype(f)
+        return (x * r).astype(f) if silu else r
+
+
+@pytest.fixture(scope="module")
+def sigmoid_run():
+    from rlx_format.numba_setup import numba
+    from rlx_runtime.simd_sigmoid import sigmoid_f32
+
+    @numba.njit(error_model="numpy")
+    def run(dst, at, src, start, count, bias, silu):
+        sigmoid_f32(dst, at, src, start, count, bias, silu)
+    return run
+
+
+@pytest.mark.parametrize("silu", [False, True], ids=["sigmoid", "silu"])
+def test_sigmoid_f32_is_the_documented_steps_to_the_bit(sigmoid_run, silu):
+    """Every value class (NaN, ±Inf, ±0, subnormals, the clamp at 104, random bit patterns) through the vector
+    loop, the single vectors and the tail: the bits of the numpy float32 steps, with the bias added first (one
+    rounding) and -0.0 as no bias (so -0.0 stays -0.0)."""
+    from cpu_target_probe import special_floats
+
+    x = np.concatenate([special_floats(), R.integers(0, 2**32, 50_000, dtype=np.uint64).astype(np.uint32)
+                        .view(np.float32)])
+    for bias in (np.float32(-0.0), np.float32(0.75), np.float32(-3e38)):
+        out = np.empty_like(x)
+        sigmoid_run(out, 0, x, 0, x.size, bias, silu)
+        with np.errstate(over="ignore", invalid="ignore"):
+            want = _sigmoid_steps((x + bias).astype(np.float32), silu)
+        np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32), err_msg=f"bias {bias}")
+
+
+def test_sigmoid_f32_in_place_and_every_count_touches_only_its_elements(sigmoid_run):
+    x = (R.standard_normal(200) * 8).astype(np.float32)
+    for count in range(0, 90):
+        for start in (0, 3):
+            dst = np.full(120, 7.0, np.float32)
+            sigmoid_run(dst, 5, x, start, count, np.float32(0.5), True)
+            want = np.full(120, 7.0, np.float32)
+            want[5:5 + count] = _sigmoid_steps(x[start:start + count] + np.float32(0.5), True)
+            np.testing.assert_array_equal(dst, want, err_msg=f"count {count}")
+            y = x.copy()
+            sigmoid_run(y, start, y, start, count, np.float32(-0.0), False)
+            np.testing.assert_array_equal(y[start:start + count], _sigmoid_steps(x[start:start + count], False))
+            np.testing.assert_array_equal(y[:start], x[:start])
+            np.testing.assert_array_equal(y[start + count:], x[start + count:])
+
+
+def test_sigmoid_f32_reads_and_writes_nothing_past_the_end():
+    _in_a_child(
+        "from rlx_runtime.simd_sigmoid import sigmoid_f32\n"
+        "@numba.njit(error_model='numpy')\n"
+        "def run(dst, src, count):\n"
+        "    sigmoid_f32(dst, 0, src, 0, count, np.float32(1.0), True)\n"
+        "for count in range(1, 80):\n"
+        "    src, m1 = t._guarded(count)\n"
+        "    src[:] = np.arange(count, dtype=np.float32) - 40\n"
+        "    dst, m2 = t._guarded(count)\n"
+        "    run(dst, src, count)\n"
+        "    assert np.array_equal(dst, t._sigmoid_steps(src + np.float32(1.0), True)), count\n")

@@ -13,7 +13,8 @@ import numpy as np
 from rlx_format.numba_setup import numba
 
 from .simd import SKINNY_ROWS, copy_f32, gather_f32, sum_f32, taps_f32
-from .ufuncs import EXP_TERMS, sigmoid_f32_loop
+from .simd_sigmoid import sigmoid_f32
+from .ufuncs import EXP_TERMS
 
 # Identity: the bias alone (a plain Conv's, added on blocks in cache instead of a pass over the whole output)
 ACTIVATION_CODES = {"Relu": 0, "Sigmoid": 1, "Silu": 2, "LeakyRelu": 3, "Clip": 4, "HardSwish": 5, "Identity": 6}
@@ -27,23 +28,21 @@ def bias_act_block(y, b0, b1, r0, r1, c0, c1, groups, bias, has_bias, act, alpha
     """y: the whole (B, M, N) float32 GEMM output (C-contiguous), changed in place in [b0, b1) x [r0, r1) x
     [c0, c1); row r of matrix b is channel (b % groups) * M + r; bias: (channels,)."""
     bias_act_rows(y.reshape(-1), y.shape[1], y.shape[2], b0, b1, r0, r1, c0, c1, groups, bias, has_bias, act, alpha,
-                  beta, has_lo, lo, has_hi, hi, terms, act_scratch(act, c1 - c0))
-
-
-@numba.njit(cache=True, error_model="numpy", nogil=True)
-def act_scratch(act, width):  # pragma: no cover - compiled
-    """bias_act_rows' scratch: for the sigmoid loops (which read one buffer and write another: with in == out
-    LLVM's alias check failed and the scalar loop ran, 6x slower) at least a row's worth, none otherwise (an
-    allocation per call cost 7 us over a 576-channel 7x7 conv's 72 blocks)."""
-    return np.empty(max(width, 2048) if act == 1 or act == 2 else 0, np.float32)
+                  beta, has_lo, lo, has_hi, hi, terms)
 
 
 @numba.njit(cache=True, error_model="numpy", nogil=True)
 def bias_act_rows(flat, m, n, b0, b1, r0, r1, c0, c1, groups, bias, has_bias, act, alpha, beta, has_lo, lo, has_hi,
-                  hi, terms, tmp):  # pragma: no cover - compiled
-    """bias_act_block on the (B, m, n) output given flat, with its scratch given (act_scratch). Each row gets its
-    bias; then a block of whole rows is one run for the activation (a 7x7 conv's 49-element rows: the loop
-    set-up per row was most of the cost)."""
+                  hi, terms):  # pragma: no cover - compiled
+    """bias_act_block on the (B, m, n) output given flat. Sigmoid and SiLU take each row's bias as they load it
+    (simd_sigmoid.sigmoid_f32); the others get the bias in a pass per row, then the activation on runs of whole
+    rows (a 7x7 conv's 49-element rows: the loop set-up per row was most of the cost)."""
+    if (act == 1 or act == 2) and has_bias:
+        for bi in range(b0, b1):
+            for r in range(r0, r1):
+                at = (bi * m + r) * n + c0
+                sigmoid_f32(flat, at, flat, at, c1 - c0, bias[(bi % groups) * m + r], act == 2)
+        return
     if has_bias:
         for bi in range(b0, b1):
             for r in range(r0, r1):
@@ -52,30 +51,23 @@ def bias_act_rows(flat, m, n, b0, b1, r0, r1, c0, c1, groups, bias, has_bias, ac
                 for i in range(c1 - c0):
                     row[i] += bv
     if c0 == 0 and c1 == n and r0 == 0 and r1 == m:  # whole matrices (a depthwise conv's are single rows)
-        activate(flat, b0 * m * n, (b1 - b0) * m * n, act, alpha, beta, has_lo, lo, has_hi, hi, terms, tmp)
+        activate(flat, b0 * m * n, (b1 - b0) * m * n, act, alpha, beta, has_lo, lo, has_hi, hi)
         return
     for bi in range(b0, b1):
         if c0 == 0 and c1 == n:
-            activate(flat, (bi * m + r0) * n, (r1 - r0) * n, act, alpha, beta, has_lo, lo, has_hi, hi, terms, tmp)
+            activate(flat, (bi * m + r0) * n, (r1 - r0) * n, act, alpha, beta, has_lo, lo, has_hi, hi)
         else:
             for r in range(r0, r1):
-                activate(flat, (bi * m + r) * n + c0, c1 - c0, act, alpha, beta, has_lo, lo, has_hi, hi, terms, tmp)
+                activate(flat, (bi * m + r) * n + c0, c1 - c0, act, alpha, beta, has_lo, lo, has_hi, hi)
 
 
 @numba.njit(cache=True, error_model="numpy", nogil=True, inline="always")
-def activate(flat, start, count, act, alpha, beta, has_lo, lo, has_hi, hi, terms, tmp):  # pragma: no cover
-    """The activation in place on flat[start:start + count] (ACTIVATION_CODES; tmp: act_scratch's)."""
+def activate(flat, start, count, act, alpha, beta, has_lo, lo, has_hi, hi):  # pragma: no cover
+    """The activation in place on flat[start:start + count] (ACTIVATION_CODES)."""
     if act == 6:  # Identity
         return
-    if act == 1 or act == 2:  # through tmp, a piece at a time: see act_scratch
-        done = 0
-        while done < count:
-            k = min(tmp.size, count - done)
-            piece = flat[start + done:start + done + k]
-            for i in range(k):
-                tmp[i] = piece[i]
-            sigmoid_f32_loop(tmp[:k], piece, act == 2, terms)
-            done += k
+    if act == 1 or act == 2:  # -0.0: no bias (x + -0.0 is x)
+        sigmoid_f32(flat, start, flat, start, count, np.float32(-0.0), act == 2)
         return
     run = flat[start:start + count]
     # np.maximum(v, b) is v if v > b or v is NaN, else b (a tie gives b: -0.0 against 0.0 gives 0.0), and
@@ -177,7 +169,6 @@ def tap_planes(x, phases, taps, offsets, y, n, c0, c1, grid, wq, shared, sh, sw,
     h, w = x.shape[2], x.shape[3]
     xf = x.reshape(-1)
     spans = phase_rows(h, w, sh, sw, top, left, hq, wq)
-    tmp = act_scratch(act, oh * ow)
     done = c0  # channels before this one have had their epilogue
     for c in range(c0, c1):
         if not shared:
@@ -187,7 +178,7 @@ def tap_planes(x, phases, taps, offsets, y, n, c0, c1, grid, wq, shared, sh, sw,
             copy_f32(out, (c * oh + r) * ow, grid, r * wq, ow, 1)
         if act >= 0 and ((c + 1 - done) * oh * ow >= EPILOGUE_RUN or c == c1 - 1):
             bias_act_rows(out, y.shape[1], oh * ow, 0, 1, done, c + 1, 0, oh * ow, 1, bias, has_bias, act, alpha,
-                          beta, has_lo, lo, has_hi, hi, terms, tmp)
+                          beta, has_lo, lo, has_hi, hi, terms)
             done = c + 1
 
 
@@ -204,7 +195,6 @@ def direct_rows(phases, w, offsets, y, b, r0, r1, wq, piece_rows, bias, has_bias
     src, out, wf = phases[b], y[b].reshape(-1), w.reshape(-1)
     piece = piece_rows * wq
     scratch = np.empty(SKINNY_ROWS * piece, np.float32)
-    tmp = act_scratch(act, piece)
     for g0 in range(0, oh, piece_rows):
         g1 = min(oh, g0 + piece_rows)
         cols = (g1 - g0) * wq
@@ -213,7 +203,7 @@ def direct_rows(phases, w, offsets, y, b, r0, r1, wq, piece_rows, bias, has_bias
             gather_f32(scratch, wf[j0 * k:], src[g0 * wq:], offsets, j1 - j0, k, cols, 0, cols)
             if act >= 0:
                 bias_act_rows(scratch, SKINNY_ROWS, cols, 0, 1, 0, j1 - j0, 0, cols, 1, bias[j0:] if has_bias else bias,
-                              has_bias, act, alpha, beta, has_lo, lo, has_hi, hi, terms, tmp)
+                              has_bias, act, alpha, beta, has_lo, lo, has_hi, hi, terms)
             for j in range(j1 - j0):
                 for r in range(g1 - g0):
                     copy_f32(out, ((j0 + j) * oh + g0 + r) * ow, scratch, j * cols + r * wq, ow, 1)

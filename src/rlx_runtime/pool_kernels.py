@@ -30,7 +30,7 @@ from .atomics import backoff as _backoff
 from .atomics import load as _load
 from .atomics import store as _store
 from .atomics import swap as _swap
-from .conv_kernels import act_scratch, bias_act_block, bias_act_rows, direct_rows, tap_planes
+from .conv_kernels import bias_act_block, bias_act_rows, direct_rows, tap_planes
 from .pool_layout import (FINISHED, KIND, KIND_NATIVE, NEXT, ROW_BIAS_ACT, ROW_DIRECT, ROW_GEMM, ROW_GEMV, ROW_SKINNY,
                           ROW_TAPS, WORKED, YIELD)
 from .simd import SKINNY_ROWS, skinny_f32
@@ -160,13 +160,12 @@ def skinny_rows(out, x, wt, rows, k, n, c0, c1, r0, r1, bias, has_bias, act, alp
     """out (rows, n) = x (rows, k) @ wt (k, n) on rows r0..r1 and columns c0..c1 (flat C-order float32),
     SKINNY_ROWS rows at a time; with act >= 0 each block then gets conv_kernels.bias_act_block (bias per row:
     a pointwise conv's epilogue) while it is still in cache."""
-    tmp = act_scratch(act, c1 - c0)
     for j0 in range(r0, r1, SKINNY_ROWS):
         j1 = min(r1, j0 + SKINNY_ROWS)
         skinny_f32(out[j0 * n:], x[j0 * k:], wt, j1 - j0, k, n, c0, c1)
         if act >= 0:
             bias_act_rows(out, rows, n, 0, 1, j0, j1, c0, c1, 1, bias, has_bias, act, alpha, beta, has_lo, lo, has_hi,
-                          hi, terms, tmp)
+                          hi, terms)
 
 
 @numba.njit(cache=True, nogil=True)

@@ -23,7 +23,8 @@ from rlx_format.numba_setup import numba
 
 from .atomics import backoff, fetch_add, load, store
 from .simd import SKINNY_ROWS, skinny_f32
-from .ufuncs import sigmoid_f32_loop, tanh_f32_loop
+from .simd_sigmoid import sigmoid_f32
+from .ufuncs import tanh_f32_loop
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
 def lstm_steps(xw, rt, hbuf, c, out, d, reverse, exp_terms, tanh_terms, sync, block):  # pragma: no cover - compiled
@@ -70,7 +71,7 @@ def lstm_steps(xw, rt, hbuf, c, out, d, reverse, exp_terms, tanh_terms, sync, bl
                     z[at + j] = xt[at + j] + z[at + j]
             for g in range(3):
                 at = b * g4 + g * hid + j0
-                sigmoid_f32_loop(z[at:at + w], act[(3 * b + g) * w:(3 * b + g + 1) * w], False, exp_terms)
+                sigmoid_f32(act, (3 * b + g) * w, z, at, w, np.float32(-0.0), False)
             at = b * g4 + 3 * hid + j0
             tanh_f32_loop(z[at:at + w], tcand[b * w:(b + 1) * w], tanh_terms, exp_terms)
             cb = c[b, j0:j0 + w]

@@ -322,84 +322,120 @@ q5_0_row_decode = intrinsic(_decoder(_Q5_0))  # (q - 16) * d
 q5_1_row_decode = intrinsic(_decoder(_Q5_1))  # q * d + m
 
 
+def _target_has_avx512() -> bool:
+    """Whether numba compiles for a CPU with AVX-512: NUMBA_CPU_FEATURES when set, else the host's features
+    (numba's own rule for the features it compiles with)."""
+    from llvmlite import binding
+    from numba.core import config
+
+    if config.CPU_FEATURES is not None:
+        return "+avx512f" in config.CPU_FEATURES.split(",")
+    return bool(binding.get_host_cpu_features().get("avx512f"))
+
+
+# numba compiles for an AVX-512 CPU: some kernels pick their vector shapes by it (none changes a result)
+AVX512 = _target_has_avx512()
+
+
 def _is_i64(t) -> bool:
     return isinstance(t, types.Array) and t.ndim == 1 and t.layout == "C" and t.dtype == types.int64
 
 
-@intrinsic
-def taps_f32(typingctx, dst, at, src, start, count, weights, offsets):
-    """dst[at + i] = sum over t of weights[t] * src[start + offsets[t] + i], for i < count: the taps summed in
-    order from 0.0, each as a separate multiply and add (no fma), in registers, TAP_CHAINS vectors of 32 lanes at
-    a time (then one vector, then one element at a time). The depthwise conv's inner loop: a pass per tap over a
-    buffer was bound by its stores, one vector at a time by the add latency (a 240-channel 5x5 conv: 64 us, 48 us
-    this way)."""
-    ints = all(isinstance(v, types.Integer) for v in (at, start, count))
-    if not (_is_f32(dst) and _is_f32(src) and ints and _is_f32(weights) and _is_i64(offsets)):
-        return None
+def taps_intrinsic(chains: int, lanes: int):
+    """taps_f32 built with `chains` vectors of `lanes` floats summed side by side (every choice gives the same
+    bits: each element is its own sum in tap order)."""
+    vf = ir.VectorType(_F32, lanes)
 
-    def codegen(context, builder, sig, args):
-        dp = builder.gep(_data(context, builder, sig.args[0], args[0]).data, [builder.sext(args[1], _I64)])
-        sp = builder.gep(_data(context, builder, sig.args[2], args[2]).data, [builder.sext(args[3], _I64)])
-        n = builder.sext(args[4], _I64)
-        wts = _data(context, builder, sig.args[5], args[5])
-        wp, ntaps = wts.data, cgutils.unpack_tuple(builder, wts.shape)[0]
-        op = _data(context, builder, sig.args[6], args[6]).data
+    @intrinsic
+    def taps_f32(typingctx, dst, at, src, start, count, weights, offsets):
+        """dst[at + i] = sum over t of weights[t] * src[start + offsets[t] + i], for i < count: the taps summed in
+        order from 0.0, each as a separate multiply and add (no fma), in registers, chains vectors of 32 lanes at
+        a time (then one vector, then one element at a time). The depthwise conv's inner loop: a pass per tap over a
+        buffer was bound by its stores, one vector at a time by the add latency (a 240-channel 5x5 conv: 64 us, 48 us
+        this way)."""
+        ints = all(isinstance(v, types.Integer) for v in (at, start, count))
+        if not (_is_f32(dst) and _is_f32(src) and ints and _is_f32(weights) and _is_i64(offsets)):
+            return None
 
-        def summed(positions, width):
-            """the tap sums at each element of `positions`: width lanes each (vectors) or one (width None). The
-            positions' sums are independent chains: one chain alone waits on each add's latency."""
-            zero = ir.Constant(_VF, None) if width else ir.Constant(_F32, 0.0)
+        def codegen(context, builder, sig, args):
+            dp = builder.gep(_data(context, builder, sig.args[0], args[0]).data, [builder.sext(args[1], _I64)])
+            sp = builder.gep(_data(context, builder, sig.args[2], args[2]).data, [builder.sext(args[3], _I64)])
+            n = builder.sext(args[4], _I64)
+            wts = _data(context, builder, sig.args[5], args[5])
+            wp, ntaps = wts.data, cgutils.unpack_tuple(builder, wts.shape)[0]
+            op = _data(context, builder, sig.args[6], args[6]).data
 
-            def tap(t, state):
-                w = builder.load(builder.gep(wp, [t]))
-                off = builder.load(builder.gep(op, [t]))
-                ws = _splat(builder, w, _VF) if width else w
-                out = []
-                for pos, acc in zip(positions, state):
-                    at_t = builder.add(pos, off)
-                    x = _load_vec(builder, sp, at_t, _VF) if width else builder.load(builder.gep(sp, [at_t]))
-                    out.append(builder.fadd(acc, builder.fmul(ws, x)))
-                return out
+            def summed(positions, width):
+                """the tap sums at each element of `positions`: width lanes each (vectors) or one (width None). The
+                positions' sums are independent chains: one chain alone waits on each add's latency."""
+                zero = ir.Constant(vf, None) if width else ir.Constant(_F32, 0.0)
 
-            return _block_loop(builder, ir.Constant(_I64, 0), ntaps, [zero] * len(positions), tap)
+                def tap(t, state):
+                    w = builder.load(builder.gep(wp, [t]))
+                    off = builder.load(builder.gep(op, [t]))
+                    ws = _splat(builder, w, vf) if width else w
+                    out = []
+                    for pos, acc in zip(positions, state):
+                        at_t = builder.add(pos, off)
+                        x = _load_vec(builder, sp, at_t, vf) if width else builder.load(builder.gep(sp, [at_t]))
+                        out.append(builder.fadd(acc, builder.fmul(ws, x)))
+                    return out
 
-        def vectors(count):
-            def body(b, state):
-                pos = [_offset(builder, b, count * LANES, k * LANES) for k in range(count)]
-                for p, v in zip(pos, summed(pos, LANES)):
-                    _store_vec(builder, v, dp, p)
+                return _block_loop(builder, ir.Constant(_I64, 0), ntaps, [zero] * len(positions), tap)
+
+            def vectors(count):
+                def body(b, state):
+                    pos = [_offset(builder, b, count * lanes, k * lanes) for k in range(count)]
+                    for p, v in zip(pos, summed(pos, lanes)):
+                        _store_vec(builder, v, dp, p)
+                    return []
+                return body
+
+            # chains vectors at a time, then the remaining whole vectors side by side too (a depthwise conv on a 7x7
+            # plane has 3: one at a time, each waited on its adds' latency), then single elements
+            wide = builder.sdiv(n, ir.Constant(_I64, chains * lanes))
+            _block_loop(builder, ir.Constant(_I64, 0), wide, [], vectors(chains))
+            whole = builder.sdiv(n, ir.Constant(_I64, lanes))
+            done = builder.mul(wide, ir.Constant(_I64, chains * lanes))
+            rest = builder.sub(whole, builder.mul(wide, ir.Constant(_I64, chains)))
+            for count in range(1, chains):
+                with builder.if_then(builder.icmp_signed("==", rest, ir.Constant(_I64, count))):
+                    pos = [builder.add(done, ir.Constant(_I64, k * lanes)) for k in range(count)]
+                    for p, v in zip(pos, summed(pos, lanes)):
+                        _store_vec(builder, v, dp, p)
+
+            def scalar(i, state):
+                builder.store(summed([i], None)[0], builder.gep(dp, [i]))
                 return []
-            return body
 
-        # TAP_CHAINS vectors at a time, then the remaining whole vectors side by side too (a depthwise conv on a 7x7
-        # plane has 3: one at a time, each waited on its adds' latency), then single elements
-        wide = builder.sdiv(n, ir.Constant(_I64, TAP_CHAINS * LANES))
-        _block_loop(builder, ir.Constant(_I64, 0), wide, [], vectors(TAP_CHAINS))
-        whole = builder.sdiv(n, ir.Constant(_I64, LANES))
-        done = builder.mul(wide, ir.Constant(_I64, TAP_CHAINS * LANES))
-        rest = builder.sub(whole, builder.mul(wide, ir.Constant(_I64, TAP_CHAINS)))
-        for count in range(1, TAP_CHAINS):
-            with builder.if_then(builder.icmp_signed("==", rest, ir.Constant(_I64, count))):
-                pos = [builder.add(done, ir.Constant(_I64, k * LANES)) for k in range(count)]
-                for p, v in zip(pos, summed(pos, LANES)):
-                    _store_vec(builder, v, dp, p)
+            _block_loop(builder, builder.mul(whole, ir.Constant(_I64, lanes)), n, [], scalar)
+            return context.get_dummy_value()
 
-        def scalar(i, state):
-            builder.store(summed([i], None)[0], builder.gep(dp, [i]))
-            return []
+        return types.void(dst, at, src, start, count, weights, offsets), codegen
 
-        _block_loop(builder, builder.mul(whole, ir.Constant(_I64, LANES)), n, [], scalar)
-        return context.get_dummy_value()
-
-    return types.void(dst, at, src, start, count, weights, offsets), codegen
+    return taps_f32
 
 
-SKINNY_ROWS = 8  # rows of x that skinny_f32 multiplies at once (its accumulators: 8 x 32 lanes)
+taps_f32 = taps_intrinsic(TAP_CHAINS, LANES)
 
 
-def _few_rows_codegen(gathered: bool):
+SKINNY_ROWS = 8  # rows of x that skinny_f32 and gather_f32 take per call
+
+
+# skinny_f32 / gather_f32's register tile: (rows per pass over k, columns per vector). AVX-512's 32 zmm hold
+# 8 rows x 32 lanes of accumulators in 16 registers; on AVX2 the same tile needs 32 ymm of the 16 there are, and
+# its spills ran it at 12 GFLOPS on Zen 3, where 4 rows x 16 lanes (8 ymm; two passes over k per call) ran at
+# 55-69 GFLOPS. The tile changes no result: each output is its own fma chain in order of k.
+FEW_ROWS_TILE = (8, 32) if AVX512 else (4, 16)
+
+
+def _few_rows_codegen(gathered: bool, tile: tuple[int, int] = FEW_ROWS_TILE):
     """skinny_f32's code (gathered False: row i of the right operand at i*n) or gather_f32's (row i at
-    offsets[i]): the arguments are (out, x, wt, [offsets,] rows, k, n, c0, c1)."""
+    offsets[i]): the arguments are (out, x, wt, [offsets,] rows, k, n, c0, c1). `tile`: (rows per pass over k,
+    columns per vector)."""
+    per_pass, lanes = tile
+    vf = ir.VectorType(_F32, lanes)
+
     def codegen(context, builder, sig, args):
         op, xp, wp = (_data(context, builder, sig.args[i], args[i]).data for i in range(3))
         offs = _data(context, builder, sig.args[3], args[3]).data if gathered else None
@@ -411,66 +447,80 @@ def _few_rows_codegen(gathered: bool):
                                builder.mul(ir.Constant(_I64, j), k_), zero) for j in range(SKINNY_ROWS)]
 
         def columns(start, mask=None):
-            """32 columns from start + 32 * b (only the mask's lanes, reading and writing nothing past them)."""
+            """`lanes` columns from start + lanes * b (only the mask's lanes, reading and writing nothing past them),
+            per_pass rows at a time (a pass starts only while a row of it is wanted)."""
             def body(b, state):
-                c = builder.add(start, builder.mul(b, ir.Constant(_I64, LANES)))
+                c = builder.add(start, builder.mul(b, ir.Constant(_I64, lanes)))
 
-                def step(i, accs):
-                    row = builder.load(builder.gep(offs, [i])) if gathered else builder.mul(i, n_)
-                    at = builder.add(row, c)
-                    w = (_load_vec(builder, wp, at, _VF) if mask is None
-                         else _masked(builder, "load", _VF, builder.gep(wp, [at]), mask))
-                    out_ = []
-                    for j, acc in enumerate(accs):
-                        xv = builder.load(builder.gep(xp, [builder.add(xrow[j], i)]))
-                        out_.append(_fma(builder, _splat(builder, xv, _VF), w, acc))
-                    return out_
+                def step(first):
+                    def one(i, accs):
+                        row = builder.load(builder.gep(offs, [i])) if gathered else builder.mul(i, n_)
+                        at = builder.add(row, c)
+                        w = (_load_vec(builder, wp, at, vf) if mask is None
+                             else _masked(builder, "load", vf, builder.gep(wp, [at]), mask))
+                        out_ = []
+                        for j, acc in enumerate(accs):
+                            xv = builder.load(builder.gep(xp, [builder.add(xrow[first + j], i)]))
+                            out_.append(_fma(builder, _splat(builder, xv, vf), w, acc))
+                        return out_
+                    return one
 
-                accs = _block_loop(builder, zero, k_, [ir.Constant(_VF, None)] * SKINNY_ROWS, step)
-                for j, acc in enumerate(accs):
-                    with builder.if_then(builder.icmp_signed("<", ir.Constant(_I64, j), rows_)):
-                        at = builder.add(builder.mul(ir.Constant(_I64, j), n_), c)
-                        if mask is None:
-                            _store_vec(builder, acc, op, at)
-                        else:
-                            _masked(builder, "store", _VF, builder.gep(op, [at]), mask, acc)
+                for first in range(0, SKINNY_ROWS, per_pass):
+                    count = min(per_pass, SKINNY_ROWS - first)
+                    with builder.if_then(builder.icmp_signed("<", ir.Constant(_I64, first), rows_)):
+                        accs = _block_loop(builder, zero, k_, [ir.Constant(vf, None)] * count, step(first))
+                        for j, acc in enumerate(accs, first):
+                            with builder.if_then(builder.icmp_signed("<", ir.Constant(_I64, j), rows_)):
+                                at = builder.add(builder.mul(ir.Constant(_I64, j), n_), c)
+                                if mask is None:
+                                    _store_vec(builder, acc, op, at)
+                                else:
+                                    _masked(builder, "store", vf, builder.gep(op, [at]), mask, acc)
                 return []
             return body
 
-        whole = builder.sdiv(builder.sub(c1_, c0_), ir.Constant(_I64, LANES))
+        whole = builder.sdiv(builder.sub(c1_, c0_), ir.Constant(_I64, lanes))
         _block_loop(builder, zero, whole, [], columns(c0_))
         # then the last columns as one masked vector (one column at a time, a 49-pixel conv ran at 1/5 the speed)
-        tail = builder.add(c0_, builder.mul(whole, ir.Constant(_I64, LANES)))
+        tail = builder.add(c0_, builder.mul(whole, ir.Constant(_I64, lanes)))
         left = builder.sub(c1_, tail)
         with builder.if_then(builder.icmp_signed(">", left, zero)):
-            columns(tail, _first_lanes(builder, left, LANES))(zero, [])
+            columns(tail, _first_lanes(builder, left, lanes))(zero, [])
         return context.get_dummy_value()
     return codegen
 
 
-@intrinsic
-def skinny_f32(typingctx, out, x, wt, rows, k, n, c0, c1):
-    """out[j*n + c] = sum over i < k of x[j*k + i] * wt[i*n + c] for j < rows (at most SKINNY_ROWS) and c in [c0,
-    c1): a GEMM with few rows, x (rows, k) times wt (k, n), all flat C-order float32. Each output is its products
-    added by fma in order of i from 0.0 (the same bits on every CPU). 32 columns at a time: one load of wt's
-    row-piece feeds a multiply-add into each row's accumulator (OpenBLAS packs the whole of wt on every call, which
-    made an LSTM step's 8x256 @ 256x1024 cost ~150 us); the last columns as one masked vector."""
-    ints = all(isinstance(v, types.Integer) for v in (rows, k, n, c0, c1))
-    if not (_is_f32(out) and _is_f32(x) and _is_f32(wt) and ints):
-        return None
-    return types.void(out, x, wt, rows, k, n, c0, c1), _few_rows_codegen(False)
+def few_rows_intrinsics(tile: tuple[int, int] = FEW_ROWS_TILE) -> tuple:
+    """(skinny_f32, gather_f32) built with a register tile (rows per pass over k, columns per vector); the module's
+    are FEW_ROWS_TILE's (tests build the others: every tile must give the same bits)."""
+    @intrinsic
+    def skinny_f32(typingctx, out, x, wt, rows, k, n, c0, c1):
+        ints = all(isinstance(v, types.Integer) for v in (rows, k, n, c0, c1))
+        if not (_is_f32(out) and _is_f32(x) and _is_f32(wt) and ints):
+            return None
+        return types.void(out, x, wt, rows, k, n, c0, c1), _few_rows_codegen(False, tile)
+
+    @intrinsic
+    def gather_f32(typingctx, out, x, src, offsets, rows, k, n, c0, c1):
+        ints = all(isinstance(v, types.Integer) for v in (rows, k, n, c0, c1))
+        if not (_is_f32(out) and _is_f32(x) and _is_f32(src) and _is_i64(offsets) and ints):
+            return None
+        return types.void(out, x, src, offsets, rows, k, n, c0, c1), _few_rows_codegen(True, tile)
+
+    return skinny_f32, gather_f32
 
 
-@intrinsic
-def gather_f32(typingctx, out, x, src, offsets, rows, k, n, c0, c1):
-    """skinny_f32 with the right operand's row i at src[offsets[i]:]: out[j*n + c] = sum over i < k of x[j*k + i] *
-    src[offsets[i] + c]. A direct conv's inner loop (conv_direct.py): the rows are the shifted views of the
-    padded input's channels, one per (channel, kernel offset), so no im2col matrix is written."""
-    ints = all(isinstance(v, types.Integer) for v in (rows, k, n, c0, c1))
-    if not (_is_f32(out) and _is_f32(x) and _is_f32(src) and _is_i64(offsets) and ints):
-        return None
-    return types.void(out, x, src, offsets, rows, k, n, c0, c1), _few_rows_codegen(True)
-
+# skinny_f32(out, x, wt, rows, k, n, c0, c1): out[j*n + c] = sum over i < k of x[j*k + i] * wt[i*n + c] for j < rows
+# (at most SKINNY_ROWS) and c in [c0, c1): a GEMM with few rows, x (rows, k) times wt (k, n), all flat C-order
+# float32. Each output is its products added by fma in order of i from 0.0 (the same bits on every CPU).
+# FEW_ROWS_TILE at a time: one load of wt's row-piece feeds a multiply-add into each row's accumulator (OpenBLAS
+# packs the whole of wt on every call, which made an LSTM step's 8x256 @ 256x1024 cost ~150 us); the last columns
+# as one masked vector.
+# gather_f32(out, x, src, offsets, rows, k, n, c0, c1): skinny_f32 with the right operand's row i at
+# src[offsets[i]:]: out[j*n + c] = sum over i < k of x[j*k + i] * src[offsets[i] + c]. A direct conv's inner loop
+# (conv_direct.py): the rows are the shifted views of the padded input's channels, one per (channel, kernel
+# offset), so no im2col matrix is written.
+skinny_f32, gather_f32 = few_rows_intrinsics()
 
 
 def _while(builder, cond, body):
@@ -506,72 +556,95 @@ def _first_lanes(builder, count, lanes):
     return builder.icmp_signed("<", ir.Constant(vi, list(range(lanes))), _splat(builder, count, vi))
 
 
-@intrinsic
-def copy_f32(typingctx, dst, at, src, start, count, step):
-    """dst[at + i] = src[start + i * step] for i < count: whole vectors of 32, then one masked vector for the rest;
-    step 2 loads twice the lanes and keeps the even ones. Reads and writes nothing outside those elements (a
-    full vector of step 2 is loaded only while a further element is still needed, so its last lane is one; the
-    masked loads and stores leave other lanes alone). The tap convs' and im2col's row copies (their rows are
-    7-112 elements: numba's own loop over a slice copy ran at about 0.7 ns an element); other steps one element
-    at a time."""
-    ints = all(isinstance(v, types.Integer) for v in (at, start, count, step))
-    if not (_is_f32(dst) and _is_f32(src) and ints):
-        return None
+def copy_intrinsic(masked_tail: bool):
+    """copy_f32 ending each row with one masked vector (masked_tail; AVX-512's masked moves cost what plain ones
+    do) or with vectors of 8 and then single elements (AVX2's masked stores are slow: a 56-float row took 21 ns
+    with a masked tail on Zen 3, 2.7 ns for a 32-float row without one)."""
+    @intrinsic
+    def copy_f32(typingctx, dst, at, src, start, count, step):
+        ints = all(isinstance(v, types.Integer) for v in (at, start, count, step))
+        if not (_is_f32(dst) and _is_f32(src) and ints):
+            return None
 
-    def codegen(context, builder, sig, args):
-        dp = builder.gep(_data(context, builder, sig.args[0], args[0]).data, [builder.sext(args[1], _I64)])
-        sp = builder.gep(_data(context, builder, sig.args[2], args[2]).data, [builder.sext(args[3], _I64)])
-        n, stp = (builder.sext(v, _I64) if v.type.width < 64 else v for v in (args[4], args[5]))
-        i = cgutils.alloca_once_value(builder, ir.Constant(_I64, 0))
-        one, two, lanes = ir.Constant(_I64, 1), ir.Constant(_I64, 2), ir.Constant(_I64, LANES)
-        evens = ir.Constant(ir.VectorType(_I32, LANES), list(range(0, 2 * LANES, 2)))
-        wide = ir.VectorType(_F32, 2 * LANES)
+        def codegen(context, builder, sig, args):
+            dp = builder.gep(_data(context, builder, sig.args[0], args[0]).data, [builder.sext(args[1], _I64)])
+            sp = builder.gep(_data(context, builder, sig.args[2], args[2]).data, [builder.sext(args[3], _I64)])
+            n, stp = (builder.sext(v, _I64) if v.type.width < 64 else v for v in (args[4], args[5]))
+            i = cgutils.alloca_once_value(builder, ir.Constant(_I64, 0))
+            one, two = ir.Constant(_I64, 1), ir.Constant(_I64, 2)
 
-        def copy(dense: bool):
-            def body():  # a whole vector
+            def vectors(dense: bool, width: int):
+                """whole vectors of `width` while they fit (step 2: while a further element is still needed)"""
+                vty, wide = ir.VectorType(_F32, width), ir.VectorType(_F32, 2 * width)
+                evens = ir.Constant(ir.VectorType(_I32, width), list(range(0, 2 * width, 2)))
+                lanes = ir.Constant(_I64, width)
+
+                def body():
+                    k = builder.load(i)
+                    if dense:
+                        v = _load_vec(builder, sp, k, vty)
+                    else:
+                        v = _load_vec(builder, sp, builder.mul(k, two), wide)
+                        v = builder.shuffle_vector(v, v, evens)
+                    _store_vec(builder, v, dp, k)
+                    builder.store(builder.add(k, lanes), i)
+
+                _while(builder, lambda: builder.icmp_signed(">=" if dense else ">", builder.sub(n, builder.load(i)),
+                                                            lanes), body)
+
+            def masked_rest(dense: bool):
                 k = builder.load(i)
-                if dense:
-                    v = _load_vec(builder, sp, k, _VF)
+                left = builder.sub(n, k)
+                with builder.if_then(builder.icmp_signed(">", left, ir.Constant(_I64, 0))):
+                    if dense:
+                        v = _masked(builder, "load", _VF, builder.gep(sp, [k]), _first_lanes(builder, left, LANES))
+                    else:  # elements 0, 2, ..., 2 * (left - 1) of the source
+                        need = builder.sub(builder.mul(left, two), one)
+                        v = _masked(builder, "load", ir.VectorType(_F32, 2 * LANES),
+                                    builder.gep(sp, [builder.mul(k, two)]), _first_lanes(builder, need, 2 * LANES))
+                        v = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, LANES),
+                                                                     list(range(0, 2 * LANES, 2))))
+                    _masked(builder, "store", _VF, builder.gep(dp, [k]), _first_lanes(builder, left, LANES), v)
+                    builder.store(n, i)
+
+            def elements():
+                def body():
+                    k = builder.load(i)
+                    builder.store(builder.load(builder.gep(sp, [builder.mul(k, stp)])), builder.gep(dp, [k]))
+                    builder.store(builder.add(k, one), i)
+                _while(builder, lambda: builder.icmp_signed("<", builder.load(i), n), body)
+
+            def copy(dense: bool):
+                vectors(dense, LANES)
+                if masked_tail:
+                    masked_rest(dense)
                 else:
-                    v = _load_vec(builder, sp, builder.mul(k, two), wide)
-                    v = builder.shuffle_vector(v, v, evens)
-                _store_vec(builder, v, dp, k)
-                builder.store(builder.add(k, lanes), i)
+                    vectors(dense, 8)
+                    elements()
 
-            _while(builder, lambda: builder.icmp_signed(">=" if dense else ">", builder.sub(n, builder.load(i)),
-                                                        lanes), body)
-            k = builder.load(i)
-            left = builder.sub(n, k)
-            with builder.if_then(builder.icmp_signed(">", left, ir.Constant(_I64, 0))):
-                if dense:
-                    v = _masked(builder, "load", _VF, builder.gep(sp, [k]), _first_lanes(builder, left, LANES))
-                else:  # elements 0, 2, ..., 2 * (left - 1) of the source
-                    need = builder.sub(builder.mul(left, two), one)
-                    v = _masked(builder, "load", wide, builder.gep(sp, [builder.mul(k, two)]),
-                                _first_lanes(builder, need, 2 * LANES))
-                    v = builder.shuffle_vector(v, v, evens)
-                _masked(builder, "store", _VF, builder.gep(dp, [k]), _first_lanes(builder, left, LANES), v)
-                builder.store(n, i)
+            with builder.if_else(builder.icmp_signed("==", stp, one)) as (unit, other):
+                with unit:
+                    copy(True)
+                with other:
+                    with builder.if_else(builder.icmp_signed("==", stp, two)) as (pair, rest):
+                        with pair:
+                            copy(False)
+                        with rest:
+                            elements()
+            return context.get_dummy_value()
 
-        def elements():
-            def body():
-                k = builder.load(i)
-                builder.store(builder.load(builder.gep(sp, [builder.mul(k, stp)])), builder.gep(dp, [k]))
-                builder.store(builder.add(k, one), i)
-            _while(builder, lambda: builder.icmp_signed("<", builder.load(i), n), body)
+        return types.void(dst, at, src, start, count, step), codegen
 
-        with builder.if_else(builder.icmp_signed("==", stp, one)) as (unit, other):
-            with unit:
-                copy(True)
-            with other:
-                with builder.if_else(builder.icmp_signed("==", stp, two)) as (pair, rest):
-                    with pair:
-                        copy(False)
-                    with rest:
-                        elements()
-        return context.get_dummy_value()
+    return copy_f32
 
-    return types.void(dst, at, src, start, count, step), codegen
+
+# copy_f32(dst, at, src, start, count, step): dst[at + i] = src[start + i * step] for i < count (dst and src not
+# overlapping): whole vectors of 32, then the rest (copy_intrinsic); step 2 loads twice the lanes and keeps the
+# even ones. Reads and writes nothing outside those elements (a full vector of step 2 is loaded only while a
+# further element is still needed, so its last lane is one; masked loads and stores leave other lanes alone). The
+# tap convs' and im2col's row copies (their rows are 7-112 elements: numba's own loop over a slice copy ran at
+# about 0.7 ns an element); other steps one element at a time.
+copy_f32 = copy_intrinsic(AVX512)
 
 
 SUM_CHAINS = 4  # 32-lane accumulators sum_f32 keeps (consecutive vectors go to each in turn)

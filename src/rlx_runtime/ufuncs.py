@@ -242,22 +242,7 @@ def _exp_neg(a, p0, p1, p2, p3, p4, p5):  # pragma: no cover - compiled
     return e * _f32_from_bits((127 - k1) << 23) * _f32_from_bits((127 - (k - k1)) << 23)
 
 
-# error_model="numpy": a float division by zero gives Inf instead of raising, so the loop has no
-# exception branch and LLVM vectorizes it (the denominator is >= 1 anyway). The exponential is an
-# inline="always" helper (numba inlines it before LLVM; through a plain call the loop was not vectorized, ~6x
-# slower). Single-threaded on purpose: a parallel kernel's static split waits for every worker thread, which
-# on a loaded machine costs a scheduler time slice per call (measured: a YOLO-like forward went from
-# 20 ms to 116 ms with 2 numba threads while other processes ran).
-@numba.njit(cache=True, error_model="numpy")
-def sigmoid_f32_loop(x, out, silu, terms):  # pragma: no cover - compiled
-    p0, p1, p2, p3, p4, p5 = terms[0], terms[1], terms[2], terms[3], terms[4], terms[5]
-    one = np.float32(1.0)
-    for i in range(x.size):
-        xv = x[i]
-        t = _exp_neg(abs(xv), p0, p1, p2, p3, p4, p5)
-        r = (one if xv >= 0 else t) / (one + t)
-        r = xv if xv != xv else r  # NaN stays NaN
-        out[i] = xv * r if silu else r
+# The sigmoid and SiLU loops themselves are explicit vector IR over the steps above: simd_sigmoid.py.
 
 
 # float32 tanh in float32 arithmetic, for the recurrent kernels' gates (recurrent_kernels.py; the Tanh op itself
@@ -298,10 +283,18 @@ def tanh_f32(x: np.ndarray) -> np.ndarray:
     return out.reshape(np.shape(x))
 
 
+@functools.cache
+def _sigmoid_array():
+    """simd_sigmoid.sigmoid_array, imported on first use (simd_sigmoid reads this module's constants)."""
+    from .simd_sigmoid import sigmoid_array
+
+    return sigmoid_array
+
+
 def _sigmoid_f32(x: np.ndarray, silu: bool) -> np.ndarray:
     flat = np.ascontiguousarray(x).reshape(-1)
     out = np.empty_like(flat)
-    sigmoid_f32_loop(flat, out, silu, EXP_TERMS)
+    _sigmoid_array()(flat, out, silu)
     return out.reshape(x.shape)
 
 
@@ -328,7 +321,7 @@ def silu(x: np.ndarray) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ a tensor times one scale per row
-# error_model="numpy": no exception branch, so the row loop vectorizes (see sigmoid_f32_loop)
+# error_model="numpy": no exception branch, so the row loop vectorizes
 @numba.njit(cache=True, error_model="numpy")
 def scale_rows(big, small, out, width):  # pragma: no cover - compiled
     """out[r * width + i] = big[r * width + i] * small[r], all flat float32 (a NaN times a NaN gives one of the two,
