@@ -495,11 +495,11 @@ def export(name: str, dynamo: bool, root: Path) -> Path:
     return _atomic_save(path, write)
 
 
-def quantized(name: str, root: Path, weights: str = "QInt8") -> Path:
+def quantized(name: str, root: Path, weights: str = "QInt8", reduce_range: bool = False) -> Path:
     """The TorchScript export of MODELS[name] through onnxruntime.quantization.quantize_dynamic (8-bit
     weights: DynamicQuantizeLinear + MatMulInteger / ConvInteger, a common way production models are shrunk;
-    onnxruntime's ConvInteger takes uint8 weights, so CNNs use QUInt8)."""
-    path = root / f"{name}-dynamic-{weights}.onnx"
+    onnxruntime's ConvInteger takes uint8 weights, so CNNs use QUInt8); reduce_range: 7-bit weights."""
+    path = root / f"{name}-dynamic-{weights}{'-7bit' * reduce_range}.onnx"
     if path.is_file():
         return path
     import logging
@@ -508,7 +508,8 @@ def quantized(name: str, root: Path, weights: str = "QInt8") -> Path:
     src = export(name, False, root)
     logging.getLogger().setLevel(logging.ERROR)  # quantize_dynamic logs advice on the root logger
     return _atomic_save(path, lambda tmp: quantize_dynamic(str(src), tmp, weight_type=getattr(QuantType, weights),
-                                                           op_types_to_quantize=["Conv", "MatMul"]))
+                                                           op_types_to_quantize=["Conv", "MatMul"],
+                                                           reduce_range=reduce_range))
 
 
 def light(name: str, root: Path) -> Path:

@@ -127,8 +127,11 @@ def copy_rows():
     from rlx_format.numba_setup import numba
     from rlx_runtime.simd import copy_intrinsic
 
-    return {masked: numba.njit(lambda dst, at, src, start, count, step, f=copy_intrinsic(masked):
-                               f(dst, at, src, start, count, step)) for masked in (True, False)}
+    runs = {}
+    for masked in (True, False):
+        copy = copy_intrinsic(masked)
+        runs[masked] = numba.njit(lambda dst, at, src, start, count, step, f=copy: f(dst, at, src, start, count, step))
+    return runs
 
 
 @pytest.mark.parametrize("masked", [True, False], ids=["masked-tail", "vectors-of-8"])
@@ -307,13 +310,13 @@ def test_every_register_tile_gives_the_same_bits(few_rows_by_tile, rows, k, n, c
 def _sigmoid_steps(x: np.ndarray, silu: bool) -> np.ndarray:
     """The documented float32 steps (ufuncs.py, above _exp_neg) in numpy float32, one IEEE operation at a time."""
     f = np.float32
-    from rlx_runtime import ufuncs as u
+    from rlx_runtime import simd as u
     with np.errstate(all="ignore"):
         a = np.abs(x)
-        a = np.where(a < u._ABS_MAX, a, u._ABS_MAX).astype(f)
-        kf = np.floor(a * u._INV_LN2 + f(0.5)).astype(f)
+        a = np.where(a < u.EXP_ABS_MAX, a, u.EXP_ABS_MAX).astype(f)
+        kf = np.floor(a * u.EXP_INV_LN2 + f(0.5)).astype(f)
         k = kf.astype(np.int32)
-        s = ((kf * u._LN2_HI - a) + kf * u._LN2_LO).astype(f)
+        s = ((kf * u.EXP_LN2_HI - a) + kf * u.EXP_LN2_LO).astype(f)
         s2 = s * s
         p0, p1, p2, p3, p4, p5 = u.EXP_TERMS
         q = ((p5 + p4 * s) + (p3 + p2 * s) * s2) + (p1 + p0 * s) * (s2 * s2)
@@ -328,7 +331,7 @@ def _sigmoid_steps(x: np.ndarray, silu: bool) -> np.ndarray:
 @pytest.fixture(scope="module")
 def sigmoid_run():
     from rlx_format.numba_setup import numba
-    from rlx_runtime.simd_sigmoid import sigmoid_f32
+    from rlx_runtime.simd import sigmoid_f32
 
     @numba.njit(error_model="numpy")
     def run(dst, at, src, start, count, bias, silu):
@@ -371,7 +374,7 @@ def test_sigmoid_f32_in_place_and_every_count_touches_only_its_elements(sigmoid_
 
 def test_sigmoid_f32_reads_and_writes_nothing_past_the_end():
     _in_a_child(
-        "from rlx_runtime.simd_sigmoid import sigmoid_f32\n"
+        "from rlx_runtime.simd import sigmoid_f32\n"
         "@numba.njit(error_model='numpy')\n"
         "def run(dst, src, count):\n"
         "    sigmoid_f32(dst, 0, src, 0, count, np.float32(1.0), True)\n"

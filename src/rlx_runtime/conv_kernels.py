@@ -13,7 +13,7 @@ import numpy as np
 from rlx_format.numba_setup import numba
 
 from .simd import SKINNY_ROWS, copy_f32, gather_f32, sum_f32, taps_f32
-from .simd_sigmoid import sigmoid_f32
+from .simd import sigmoid_f32
 from .ufuncs import EXP_TERMS
 
 # Identity: the bias alone (a plain Conv's, added on blocks in cache instead of a pass over the whole output)
@@ -35,7 +35,7 @@ def bias_act_block(y, b0, b1, r0, r1, c0, c1, groups, bias, has_bias, act, alpha
 def bias_act_rows(flat, m, n, b0, b1, r0, r1, c0, c1, groups, bias, has_bias, act, alpha, beta, has_lo, lo, has_hi,
                   hi, terms):  # pragma: no cover - compiled
     """bias_act_block on the (B, m, n) output given flat. Sigmoid and SiLU take each row's bias as they load it
-    (simd_sigmoid.sigmoid_f32); the others get the bias in a pass per row, then the activation on runs of whole
+    (simd.sigmoid_f32); the others get the bias in a pass per row, then the activation on runs of whole
     rows (a 7x7 conv's 49-element rows: the loop set-up per row was most of the cost)."""
     if (act == 1 or act == 2) and has_bias:
         for bi in range(b0, b1):

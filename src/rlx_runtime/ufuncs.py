@@ -28,6 +28,11 @@ from rlx_format.numba_setup import numba
 
 from .erf_tables import (DEG, FAST_BIG_HEX, FAST_ONE, FAST_SMALL_HEX, FAST_SPLIT, FAST_TOL, HI, LO, POLYS_HEX,
                          TAYLOR_HEX, TAYLOR_TERMS, WIDTH)
+from .simd import EXP_ABS_MAX as _ABS_MAX
+from .simd import EXP_INV_LN2 as _INV_LN2
+from .simd import EXP_LN2_HI as _LN2_HI
+from .simd import EXP_LN2_LO as _LN2_LO
+from .simd import EXP_TERMS
 from .numba_parallel import parallel_call  # also selects numba's threading layer before any parallel ufunc runs
 
 PARALLEL_MIN_SIZE = 1 << 15
@@ -205,12 +210,7 @@ def gelu_erf(x: np.ndarray) -> np.ndarray:
 # [-110, 110]: at most 2 ulp from the correctly rounded sigmoid (94.4% equal, 5.6% 1 ulp, 0.01% 2 ulp). An
 # earlier double-precision version was correctly rounded but for rare near-ties, at 0.66 G values/s against
 # 1.94 here (1 thread, in cache): EfficientNet-B0 spent 28% of its forward in its Silu epilogues.
-_ABS_MAX = np.float32(104.0)  # exp(-104) rounds to 0 in float32 (below half the smallest subnormal)
-_INV_LN2 = np.float32(1.0 / math.log(2.0))
-_LN2_HI = np.float32(0.693359375)  # 10 significant bits: k * _LN2_HI is exact for k < 2^14
-_LN2_LO = np.float32(-2.12194440e-4)
-EXP_TERMS = np.array([1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1,
-                      5.0000001201e-1], np.float32)  # P(s)'s coefficients, highest power first (Cephes expf)
+# (the constants: simd.EXP_*, shared with simd.sigmoid_f32)
 
 
 @intrinsic
@@ -242,7 +242,7 @@ def _exp_neg(a, p0, p1, p2, p3, p4, p5):  # pragma: no cover - compiled
     return e * _f32_from_bits((127 - k1) << 23) * _f32_from_bits((127 - (k - k1)) << 23)
 
 
-# The sigmoid and SiLU loops themselves are explicit vector IR over the steps above: simd_sigmoid.py.
+# The sigmoid and SiLU loops themselves are explicit vector IR over the steps above: simd.sigmoid_f32.
 
 
 # float32 tanh in float32 arithmetic, for the recurrent kernels' gates (recurrent_kernels.py; the Tanh op itself
@@ -285,8 +285,8 @@ def tanh_f32(x: np.ndarray) -> np.ndarray:
 
 @functools.cache
 def _sigmoid_array():
-    """simd_sigmoid.sigmoid_array, imported on first use (simd_sigmoid reads this module's constants)."""
-    from .simd_sigmoid import sigmoid_array
+    """simd.sigmoid_array (numba-compiled on first use)."""
+    from .simd import sigmoid_array
 
     return sigmoid_array
 
