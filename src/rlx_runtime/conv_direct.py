@@ -5,7 +5,8 @@ The input's channels are split into stride phases once (conv_kernels.fill_phases
 every (channel, kernel offset) pair reads a shifted contiguous view of them: for a 3x3 conv that is 9 views
 per channel instead of an im2col matrix 9x the input's size written and read back. The output is computed on
 the phases' grid (rows Wq wide, the last few columns of each row wasted and dropped) by simd.gather_f32: 8
-output channels x 32 grid columns of accumulators, each view's vector feeding 8 multiply-adds, the view order
+output channels at a time, a register tile of them x grid columns (simd.FEW_ROWS_TILE: 8 x 32 on AVX-512, two
+passes of 4 x 16 on AVX2), each view's vector feeding a multiply-add per channel, the view order
 (channel, ky, kx) (conv_kernels.direct_rows). The epilogue of a FusedConv runs on each block while it is in cache.
 
 Each output is its products added by fma in (channel, ky, kx) order from 0.0: the same bits on every CPU, and
