@@ -12,8 +12,7 @@ import numpy as np
 
 from rlx_format.numba_setup import numba
 
-from .simd import SKINNY_ROWS, copy_f32, gather_f32, sum_f32, taps_f32
-from .simd import sigmoid_f32
+from .simd import SKINNY_ROWS, copy_f32, gather_f32, sigmoid_f32, sum_f32, taps_f32
 from .ufuncs import EXP_TERMS
 
 # Identity: the bias alone (a plain Conv's, added on blocks in cache instead of a pass over the whole output)

@@ -22,8 +22,7 @@ import numpy as np
 from rlx_format.numba_setup import numba
 
 from .atomics import backoff, fetch_add, load, store
-from .simd import SKINNY_ROWS, skinny_f32
-from .simd import sigmoid_f32
+from .simd import SKINNY_ROWS, sigmoid_f32, skinny_f32
 from .ufuncs import tanh_f32_loop
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")

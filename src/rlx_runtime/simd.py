@@ -15,10 +15,9 @@ least `nb * block` elements.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import math
 
 import numpy as np
 from llvmlite import ir
@@ -346,82 +345,72 @@ def _is_i64(t) -> bool:
     return isinstance(t, types.Array) and t.ndim == 1 and t.layout == "C" and t.dtype == types.int64
 
 
-def taps_intrinsic(chains: int, lanes: int):
-    """taps_f32 built with `chains` vectors of `lanes` floats summed side by side (every choice gives the same
-    bits: each element is its own sum in tap order)."""
-    vf = ir.VectorType(_F32, lanes)
+@intrinsic
+def taps_f32(typingctx, dst, at, src, start, count, weights, offsets):
+    """dst[at + i] = sum over t of weights[t] * src[start + offsets[t] + i], for i < count: the taps summed in
+    order from 0.0, each as a separate multiply and add (no fma), in registers, TAP_CHAINS vectors of 32 lanes at
+    a time (then one vector, then one element at a time). The depthwise conv's inner loop: a pass per tap over a
+    buffer was bound by its stores, one vector at a time by the add latency (a 240-channel 5x5 conv: 64 us, 48 us
+    this way)."""
+    ints = all(isinstance(v, types.Integer) for v in (at, start, count))
+    if not (_is_f32(dst) and _is_f32(src) and ints and _is_f32(weights) and _is_i64(offsets)):
+        return None
 
-    @intrinsic
-    def taps_f32(typingctx, dst, at, src, start, count, weights, offsets):
-        """dst[at + i] = sum over t of weights[t] * src[start + offsets[t] + i], for i < count: the taps summed in
-        order from 0.0, each as a separate multiply and add (no fma), in registers, chains vectors of 32 lanes at
-        a time (then one vector, then one element at a time). The depthwise conv's inner loop: a pass per tap over a
-        buffer was bound by its stores, one vector at a time by the add latency (a 240-channel 5x5 conv: 64 us, 48 us
-        this way)."""
-        ints = all(isinstance(v, types.Integer) for v in (at, start, count))
-        if not (_is_f32(dst) and _is_f32(src) and ints and _is_f32(weights) and _is_i64(offsets)):
-            return None
+    def codegen(context, builder, sig, args):
+        dp = builder.gep(_data(context, builder, sig.args[0], args[0]).data, [builder.sext(args[1], _I64)])
+        sp = builder.gep(_data(context, builder, sig.args[2], args[2]).data, [builder.sext(args[3], _I64)])
+        n = builder.sext(args[4], _I64)
+        wts = _data(context, builder, sig.args[5], args[5])
+        wp, ntaps = wts.data, cgutils.unpack_tuple(builder, wts.shape)[0]
+        op = _data(context, builder, sig.args[6], args[6]).data
 
-        def codegen(context, builder, sig, args):
-            dp = builder.gep(_data(context, builder, sig.args[0], args[0]).data, [builder.sext(args[1], _I64)])
-            sp = builder.gep(_data(context, builder, sig.args[2], args[2]).data, [builder.sext(args[3], _I64)])
-            n = builder.sext(args[4], _I64)
-            wts = _data(context, builder, sig.args[5], args[5])
-            wp, ntaps = wts.data, cgutils.unpack_tuple(builder, wts.shape)[0]
-            op = _data(context, builder, sig.args[6], args[6]).data
+        def summed(positions, width):
+            """the tap sums at each element of `positions`: width lanes each (vectors) or one (width None). The
+            positions' sums are independent chains: one chain alone waits on each add's latency."""
+            zero = ir.Constant(_VF, None) if width else ir.Constant(_F32, 0.0)
 
-            def summed(positions, width):
-                """the tap sums at each element of `positions`: width lanes each (vectors) or one (width None). The
-                positions' sums are independent chains: one chain alone waits on each add's latency."""
-                zero = ir.Constant(vf, None) if width else ir.Constant(_F32, 0.0)
+            def tap(t, state):
+                w = builder.load(builder.gep(wp, [t]))
+                off = builder.load(builder.gep(op, [t]))
+                ws = _splat(builder, w, _VF) if width else w
+                out = []
+                for pos, acc in zip(positions, state):
+                    at_t = builder.add(pos, off)
+                    x = _load_vec(builder, sp, at_t, _VF) if width else builder.load(builder.gep(sp, [at_t]))
+                    out.append(builder.fadd(acc, builder.fmul(ws, x)))
+                return out
 
-                def tap(t, state):
-                    w = builder.load(builder.gep(wp, [t]))
-                    off = builder.load(builder.gep(op, [t]))
-                    ws = _splat(builder, w, vf) if width else w
-                    out = []
-                    for pos, acc in zip(positions, state):
-                        at_t = builder.add(pos, off)
-                        x = _load_vec(builder, sp, at_t, vf) if width else builder.load(builder.gep(sp, [at_t]))
-                        out.append(builder.fadd(acc, builder.fmul(ws, x)))
-                    return out
+            return _block_loop(builder, ir.Constant(_I64, 0), ntaps, [zero] * len(positions), tap)
 
-                return _block_loop(builder, ir.Constant(_I64, 0), ntaps, [zero] * len(positions), tap)
-
-            def vectors(count):
-                def body(b, state):
-                    pos = [_offset(builder, b, count * lanes, k * lanes) for k in range(count)]
-                    for p, v in zip(pos, summed(pos, lanes)):
-                        _store_vec(builder, v, dp, p)
-                    return []
-                return body
-
-            # chains vectors at a time, then the remaining whole vectors side by side too (a depthwise conv on a 7x7
-            # plane has 3: one at a time, each waited on its adds' latency), then single elements
-            wide = builder.sdiv(n, ir.Constant(_I64, chains * lanes))
-            _block_loop(builder, ir.Constant(_I64, 0), wide, [], vectors(chains))
-            whole = builder.sdiv(n, ir.Constant(_I64, lanes))
-            done = builder.mul(wide, ir.Constant(_I64, chains * lanes))
-            rest = builder.sub(whole, builder.mul(wide, ir.Constant(_I64, chains)))
-            for count in range(1, chains):
-                with builder.if_then(builder.icmp_signed("==", rest, ir.Constant(_I64, count))):
-                    pos = [builder.add(done, ir.Constant(_I64, k * lanes)) for k in range(count)]
-                    for p, v in zip(pos, summed(pos, lanes)):
-                        _store_vec(builder, v, dp, p)
-
-            def scalar(i, state):
-                builder.store(summed([i], None)[0], builder.gep(dp, [i]))
+        def vectors(count):
+            def body(b, state):
+                pos = [_offset(builder, b, count * LANES, k * LANES) for k in range(count)]
+                for p, v in zip(pos, summed(pos, LANES)):
+                    _store_vec(builder, v, dp, p)
                 return []
+            return body
 
-            _block_loop(builder, builder.mul(whole, ir.Constant(_I64, lanes)), n, [], scalar)
-            return context.get_dummy_value()
+        # TAP_CHAINS vectors at a time, then the remaining whole vectors side by side too (a depthwise conv on a 7x7
+        # plane has 3: one at a time, each waited on its adds' latency), then single elements
+        wide = builder.sdiv(n, ir.Constant(_I64, TAP_CHAINS * LANES))
+        _block_loop(builder, ir.Constant(_I64, 0), wide, [], vectors(TAP_CHAINS))
+        whole = builder.sdiv(n, ir.Constant(_I64, LANES))
+        done = builder.mul(wide, ir.Constant(_I64, TAP_CHAINS * LANES))
+        rest = builder.sub(whole, builder.mul(wide, ir.Constant(_I64, TAP_CHAINS)))
+        for count in range(1, TAP_CHAINS):
+            with builder.if_then(builder.icmp_signed("==", rest, ir.Constant(_I64, count))):
+                pos = [builder.add(done, ir.Constant(_I64, k * LANES)) for k in range(count)]
+                for p, v in zip(pos, summed(pos, LANES)):
+                    _store_vec(builder, v, dp, p)
 
-        return types.void(dst, at, src, start, count, weights, offsets), codegen
+        def scalar(i, state):
+            builder.store(summed([i], None)[0], builder.gep(dp, [i]))
+            return []
 
-    return taps_f32
+        _block_loop(builder, builder.mul(whole, ir.Constant(_I64, LANES)), n, [], scalar)
+        return context.get_dummy_value()
 
-
-taps_f32 = taps_intrinsic(TAP_CHAINS, LANES)
+    return types.void(dst, at, src, start, count, weights, offsets), codegen
 
 
 SKINNY_ROWS = 8  # rows of x that skinny_f32 and gather_f32 take per call
@@ -434,7 +423,7 @@ SKINNY_ROWS = 8  # rows of x that skinny_f32 and gather_f32 take per call
 FEW_ROWS_TILE = (8, 32) if AVX512 else (4, 16)
 
 
-def _few_rows_codegen(gathered: bool, tile: tuple[int, int] = FEW_ROWS_TILE):
+def _few_rows_codegen(gathered: bool, tile: tuple[int, int]):
     """skinny_f32's code (gathered False: row i of the right operand at i*n) or gather_f32's (row i at
     offsets[i]): the arguments are (out, x, wt, [offsets,] rows, k, n, c0, c1). `tile`: (rows per pass over k,
     columns per vector)."""
@@ -694,13 +683,13 @@ def sum_f32(typingctx, src, start, count):
 # The float32 sigmoid and SiLU as explicit vector IR (numba intrinsic): the CPU's Sigmoid and Silu ops, the conv
 # epilogues' and the LSTM gates'.
 #
-# The steps are those of ufuncs.py (its comment above `_exp_neg` gives the method and the accuracy: at most 2 ulp), one
-# fixed sequence of IEEE operations with no fma, so every CPU gives the same bits. Spelled out here rather than
-# left to numba's loop vectorizer because the vectorized loop ran at 1.1-1.2 ns a value on Zen 3 (AVX2): one
-# 8-lane vector per iteration waited on its ~60-cycle dependency chain, and in place (a conv epilogue) LLVM's
-# run-time alias check failed, so every epilogue first copied its block to a scratch and added the bias in a pass
-# of its own. Here two vectors are in flight per iteration, the bias is added as the values are loaded, and the
-# result may overwrite the input.
+# The steps are those of ufuncs.py (its comment above `_exp_neg` gives the method and the accuracy: at most 2 ulp),
+# one fixed sequence of IEEE operations with no fma, so every CPU gives the same bits. Spelled out here rather
+# than left to numba's loop vectorizer for the conv epilogues: in place, LLVM's run-time alias check failed and
+# the scalar loop ran, so every epilogue first copied its block to a scratch and added the bias in a pass of its
+# own (1.5 ns a value on Zen 3, AVX2). Here the bias is added as the values load and the result overwrites them
+# (1.0-1.2 ns). The function itself runs as fast as the vectorized loop did (~1.0 ns a value there: ~40 vector
+# operations per 8 values; two vectors per iteration did not help).
 # The constants of ufuncs.py's exponential (its comment above them gives the method):
 EXP_ABS_MAX = np.float32(104.0)  # exp(-104) rounds to 0 in float32 (below half the smallest subnormal)
 EXP_INV_LN2 = np.float32(1.0 / math.log(2.0))
@@ -710,9 +699,8 @@ EXP_TERMS = np.array([1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.16657
                       5.0000001201e-1], np.float32)  # P(s)'s coefficients, highest power first (Cephes expf)
 
 
-# sigmoid_f32's lanes per vector, and vectors per loop iteration (independent chains side by side)
+# sigmoid_f32's lanes per vector: one register (AVX2's masked tail is then a single 8-lane move)
 SIGMOID_LANES = 16 if AVX512 else 8
-SIGMOID_UNROLL = 2
 
 
 def _unary(builder, name: str, v):
@@ -760,9 +748,8 @@ def _sigmoid_vec(builder, x, silu: bool):
 def sigmoid_f32(typingctx, dst, at, src, start, count, bias, silu):
     """dst[at + i] = f(src[start + i] + bias) for i < count, f sigmoid or, with silu, x * sigmoid(x); bias a
     float32 added first (one rounding, as Conv's bias before its activation; -0.0 for none: x + -0.0 is x for
-    every x). dst may be src at the same positions (in place). SIGMOID_UNROLL vectors of SIGMOID_LANES per
-    iteration, then single vectors, then (AVX2) vectors of 8, then one masked vector: nothing outside the elements
-    is read or written."""
+    every x). dst may be src at the same positions (in place). Vectors of SIGMOID_LANES, then one masked vector:
+    nothing outside the elements is read or written."""
     ints = all(isinstance(v, types.Integer) for v in (at, start, count))
     if not (_is_f32(dst) and _is_f32(src) and ints and isinstance(bias, types.Float)
             and isinstance(silu, (types.Boolean, types.Integer))):
@@ -776,35 +763,22 @@ def sigmoid_f32(typingctx, dst, at, src, start, count, bias, silu):
         on = builder.icmp_unsigned("!=", args[6], ir.Constant(args[6].type, 0))
 
         def run(is_silu: bool):
-            def vectors(first, width, per):
-                """whole groups of `per` vectors of `width` from element `first`; returns where they end"""
-                vf = ir.VectorType(_F32, width)
-                bv = _splat(builder, b, vf)
-                step = width * per
-                groups = builder.sdiv(builder.sub(n, first), ir.Constant(_I64, step))
+            vf = ir.VectorType(_F32, SIGMOID_LANES)
+            bv = _splat(builder, b, vf)
+            whole = builder.sdiv(n, ir.Constant(_I64, SIGMOID_LANES))
 
-                def body(g, state):
-                    base = builder.add(first, builder.mul(g, ir.Constant(_I64, step)))
-                    at_ = [builder.add(base, ir.Constant(_I64, k * width)) for k in range(per)]
-                    xs = [builder.fadd(_load_vec(builder, sp, p, vf), bv) for p in at_]
-                    for p, v in zip(at_, [_sigmoid_vec(builder, x, is_silu) for x in xs]):
-                        _store_vec(builder, v, dp, p)
-                    return []
+            def body(g, state):
+                at_ = builder.mul(g, ir.Constant(_I64, SIGMOID_LANES))
+                x = builder.fadd(_load_vec(builder, sp, at_, vf), bv)
+                _store_vec(builder, _sigmoid_vec(builder, x, is_silu), dp, at_)
+                return []
 
-                _block_loop(builder, ir.Constant(_I64, 0), groups, [], body)
-                return builder.add(first, builder.mul(groups, ir.Constant(_I64, step)))
-
-            done = vectors(ir.Constant(_I64, 0), SIGMOID_LANES, SIGMOID_UNROLL)
-            done = vectors(done, SIGMOID_LANES, 1)
-            tail = SIGMOID_LANES
-            if not AVX512:  # AVX2's masked moves are slow: whole 8-lane vectors first
-                done = vectors(done, 8, 1)
-                tail = 8
+            _block_loop(builder, ir.Constant(_I64, 0), whole, [], body)
+            done = builder.mul(whole, ir.Constant(_I64, SIGMOID_LANES))
             left = builder.sub(n, done)
             with builder.if_then(builder.icmp_signed(">", left, ir.Constant(_I64, 0))):
-                vf = ir.VectorType(_F32, tail)
-                mask = _first_lanes(builder, left, tail)
-                x = builder.fadd(_masked(builder, "load", vf, builder.gep(sp, [done]), mask), _splat(builder, b, vf))
+                mask = _first_lanes(builder, left, SIGMOID_LANES)
+                x = builder.fadd(_masked(builder, "load", vf, builder.gep(sp, [done]), mask), bv)
                 _masked(builder, "store", vf, builder.gep(dp, [done]), mask, _sigmoid_vec(builder, x, is_silu))
 
         with builder.if_else(on) as (yes, no):

@@ -32,7 +32,7 @@ from .simd import EXP_ABS_MAX as _ABS_MAX
 from .simd import EXP_INV_LN2 as _INV_LN2
 from .simd import EXP_LN2_HI as _LN2_HI
 from .simd import EXP_LN2_LO as _LN2_LO
-from .simd import EXP_TERMS
+from .simd import EXP_TERMS, sigmoid_array
 from .numba_parallel import parallel_call  # also selects numba's threading layer before any parallel ufunc runs
 
 PARALLEL_MIN_SIZE = 1 << 15
@@ -283,18 +283,10 @@ def tanh_f32(x: np.ndarray) -> np.ndarray:
     return out.reshape(np.shape(x))
 
 
-@functools.cache
-def _sigmoid_array():
-    """simd.sigmoid_array (numba-compiled on first use)."""
-    from .simd import sigmoid_array
-
-    return sigmoid_array
-
-
 def _sigmoid_f32(x: np.ndarray, silu: bool) -> np.ndarray:
     flat = np.ascontiguousarray(x).reshape(-1)
     out = np.empty_like(flat)
-    _sigmoid_array()(flat, out, silu)
+    sigmoid_array(flat, out, silu)
     return out.reshape(x.shape)
 
 
