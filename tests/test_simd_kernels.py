@@ -307,25 +307,57 @@ def test_every_register_tile_gives_the_same_bits(few_rows_by_tile, rows, k, n, c
 
 
 # ---------------------------------------------------------------- sigmoid_f32 (Sigmoid, SiLU, their conv epilogues)
+def _fma32(a, b, c) -> np.ndarray:
+    """fmaf(a, b, c) for float32 arrays of finite values, exactly: a * b is exact in float64; s = a*b + c rounds
+    there, with error err (Knuth's two-sum, exact); rounding s to float32 is then the correctly rounded result but
+    where s falls exactly halfway between two float32 values and err decides the side."""
+    p = a.astype(np.float64) * b.astype(np.float64)
+    c = np.asarray(c, np.float32).astype(np.float64)
+    s = p + c
+    v = s - p
+    err = (p - (s - v)) + (c - v)
+    r = s.astype(np.float32)
+    lo = np.where(r.astype(np.float64) <= s, r, np.nextafter(r, np.float32(-np.inf)))
+    hi = np.nextafter(lo, np.float32(np.inf))
+    tie = (s == (lo.astype(np.float64) + hi.astype(np.float64)) / 2) & (err != 0)
+    return np.where(tie, np.where(err > 0, hi, lo), r).astype(np.float32)
+
+
 def _sigmoid_steps(x: np.ndarray, silu: bool) -> np.ndarray:
-    """The documented float32 steps (ufuncs.py, above _exp_neg) in numpy float32, one IEEE operation at a time."""
+    """The documented float32 steps (simd.py, above EXP_ABS_MAX) in numpy, one IEEE operation at a time (fma
+    emulated exactly)."""
     f = np.float32
     from rlx_runtime import simd as u
     with np.errstate(all="ignore"):
-        a = np.abs(x)
-        a = np.where(a < u.EXP_ABS_MAX, a, u.EXP_ABS_MAX).astype(f)
-        kf = np.floor(a * u.EXP_INV_LN2 + f(0.5)).astype(f)
-        k = kf.astype(np.int32)
-        s = ((kf * u.EXP_LN2_HI - a) + kf * u.EXP_LN2_LO).astype(f)
-        s2 = s * s
-        p0, p1, p2, p3, p4, p5 = u.EXP_TERMS
-        q = ((p5 + p4 * s) + (p3 + p2 * s) * s2) + (p1 + p0 * s) * (s2 * s2)
-        e = (q * s2 + s) + f(1.0)
-        k1 = np.minimum(k, 125)
-        t = e * ((127 - k1) << 23).astype(np.int32).view(f) * ((127 - (k - k1)) << 23).astype(np.int32).view(f)
+        n = -np.abs(x)
+        n = np.where(n > -u.EXP_ABS_MAX, n, -u.EXP_ABS_MAX).astype(f)
+        k = np.rint(n * u.EXP_INV_LN2).astype(f)
+        s = _fma32(k, -u.EXP_LN2_LO, _fma32(k, -u.EXP_LN2_HI, n))
+        p = np.full_like(s, u.EXP_TERMS[0])
+        for t in u.EXP_TERMS[1:]:
+            p = _fma32(p, s, t)
+        e = _fma32(p, s * s, s) + f(1.0)
+        ki = k.astype(np.int32)
+        k1 = np.maximum(ki, u.SCALE_MIN)
+        t = e * ((k1 + 127) << 23).astype(np.int32).view(f) * (((ki - k1) + 127) << 23).astype(np.int32).view(f)
         r = np.where(x >= 0, f(1.0), t) / (f(1.0) + t)
         r = np.where(np.isnan(x), x, r).astype(f)
         return (x * r).astype(f) if silu else r
+
+
+def test_fma32_is_exact_where_float64_lands_on_a_float32_midpoint():
+    """a * b = +-(2^-24 - 2^-70) added to 1 + 2^-23: float64 rounds the sums to float32 midpoints (2^-70 is
+    lost), and the lost part decides the side; rounding the float64 sum alone ties to even, the wrong side both
+    times."""
+    f = np.float32
+    a = np.array([1 + 2.0 ** -23, -(1 + 2.0 ** -23)], f)
+    b = np.full(2, (1 - 2.0 ** -23) * 2.0 ** -24, f)
+    c = f(1 + 2.0 ** -23)
+    np.testing.assert_array_equal(_fma32(a, b, c), np.array([1 + 2.0 ** -23] * 2, f))
+    naive = (a.astype(np.float64) * b + np.float64(c)).astype(f)
+    assert not np.array_equal(naive, _fma32(a, b, c))
+    x = R.standard_normal(1000).astype(f)  # and away from midpoints, the float64 sum rounded once
+    np.testing.assert_array_equal(_fma32(x, x[::-1], f(0.25)), (x.astype(np.float64) * x[::-1] + 0.25).astype(f))
 
 
 @pytest.fixture(scope="module")

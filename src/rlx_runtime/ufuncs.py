@@ -201,15 +201,12 @@ def gelu_erf(x: np.ndarray) -> np.ndarray:
     return out.reshape(x.shape)
 
 
-# ------------------------------------------------------------------ sigmoid / SiLU
-# float32 sigmoid in float32 arithmetic, one fixed sequence of IEEE operations (no fma, no approximate
-# reciprocal), so every CPU gives the same bits: t = exp(-|x|) by range reduction with ln 2 split in two (Cody
-# and Waite: k * _LN2_HI is exact), e^s = 1 + s + s^2 P(s) on |s| <= ln2/2 with Cephes expf's degree-5 P
-# (Estrin's form), 2^-k from its IEEE bits in two normal factors (so a subnormal t is rounded once); then
-# 1 / (1 + t) for x >= 0, t / (1 + t) below (no overflow, subnormal results kept). Checked over every float32 in
-# [-110, 110]: at most 2 ulp from the correctly rounded sigmoid (94.4% equal, 5.6% 1 ulp, 0.01% 2 ulp). An
-# earlier double-precision version was correctly rounded but for rare near-ties, at 0.66 G values/s against
-# 1.94 here (1 thread, in cache): EfficientNet-B0 spent 28% of its forward in its Silu epilogues.
+# ------------------------------------------------------------------ tanh's exponential
+# The sigmoid and SiLU are explicit vector IR in simd.py (sigmoid_f32, its comment gives their steps). tanh (below)
+# keeps the exponential those steps used before they moved to fma: float32 arithmetic, one fixed sequence of IEEE
+# operations with separate multiplies and adds: t = exp(-a) by range reduction with ln 2 split in two (Cody and
+# Waite: k * _LN2_HI is exact), e^s = 1 + s + s^2 P(s) on |s| <= ln2/2 with Cephes expf's degree-5 P (Estrin's
+# form), 2^-k from its IEEE bits in two normal factors (so a subnormal t is rounded once).
 # (the constants: simd.EXP_*, shared with simd.sigmoid_f32)
 
 
@@ -229,7 +226,7 @@ def _f32_from_bits(typingctx, bits):
 
 @numba.njit(cache=True, inline="always", error_model="numpy")
 def _exp_neg(a, p0, p1, p2, p3, p4, p5):  # pragma: no cover - compiled
-    """exp(-a) for float32 a >= 0 (or NaN), in float32: the sigmoid's and tanh's shared exponential (see above).
+    """exp(-a) for float32 a >= 0 (or NaN), in float32: tanh's exponential (see above).
     Inlined into the calling loop by numba before LLVM sees it, so the loops still vectorize."""
     a = a if a < _ABS_MAX else _ABS_MAX  # NaN -> _ABS_MAX: the float->int below never sees NaN
     kf = np.floor(a * _INV_LN2 + np.float32(0.5))  # in [0, 150]
@@ -242,13 +239,10 @@ def _exp_neg(a, p0, p1, p2, p3, p4, p5):  # pragma: no cover - compiled
     return e * _f32_from_bits((127 - k1) << 23) * _f32_from_bits((127 - (k - k1)) << 23)
 
 
-# The sigmoid and SiLU loops themselves are explicit vector IR over the steps above: simd.sigmoid_f32.
-
-
 # float32 tanh in float32 arithmetic, for the recurrent kernels' gates (recurrent_kernels.py; the Tanh op itself
 # is numpy's): one fixed sequence of IEEE operations, so every CPU gives the same bits. |x| < 0.625: Cephes
-# tanhf's odd polynomial a + a^3 P(a^2); above, (1 - e) / (1 + e) with e = exp(-2|x|) by the sigmoid's
-# exponential (2|x| is exact; no cancellation: e <= exp(-1.25)); the sign copied back (so -0 stays -0), NaN kept.
+# tanhf's odd polynomial a + a^3 P(a^2); above, (1 - e) / (1 + e) with e = exp(-2|x|) by the
+# exponential above (2|x| is exact; no cancellation: e <= exp(-1.25)); the sign copied back (so -0 stays -0), NaN kept.
 # Checked over every float32 in [-20, 20]: at most TANH_ULPS ulp from the correctly rounded tanh.
 TANH_TERMS = np.array([-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1,
                        -3.33332819422e-1], np.float32)  # P's coefficients, highest power first (Cephes tanhf)
