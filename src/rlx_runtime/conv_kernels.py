@@ -3,7 +3,7 @@
 Each (image, channel) row of the GEMM output gets its bias added and its activation applied while it is
 still in cache, instead of one whole-tensor pass for the bias and another for the activation. The float32
 steps are those of the unfused ops (Conv's `y += b`, then the activation's own CPU kernel: Sigmoid and
-Silu call the very loop of ufuncs.py on the row), so the results are bitwise the unfused ones.
+Silu run simd.sigmoid_f32 on the row, as the ops do), so the results are bitwise the unfused ones.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import numpy as np
 from rlx_format.numba_setup import numba
 
 from .simd import SKINNY_ROWS, copy_f32, gather_f32, sigmoid_f32, sum_f32, taps_f32
-from .ufuncs import EXP_TERMS
 
 # Identity: the bias alone (a plain Conv's, added on blocks in cache instead of a pass over the whole output)
 ACTIVATION_CODES = {"Relu": 0, "Sigmoid": 1, "Silu": 2, "LeakyRelu": 3, "Clip": 4, "HardSwish": 5, "Identity": 6}
@@ -22,17 +21,17 @@ ACTIVATION_CODES = {"Relu": 0, "Sigmoid": 1, "Silu": 2, "LeakyRelu": 3, "Clip": 
 # error_model="numpy" as in ufuncs.py: no exception branch, so the row loops vectorize. nogil: blocks of one
 # conv run on several threads at once (threads.matmul)
 @numba.njit(cache=True, error_model="numpy", nogil=True)
-def bias_act_block(y, b0, b1, r0, r1, c0, c1, groups, bias, has_bias, act, alpha, beta, has_lo, lo, has_hi, hi,
-                   terms):  # pragma: no cover - compiled
+def bias_act_block(y, b0, b1, r0, r1, c0, c1, groups, bias, has_bias, act, alpha, beta, has_lo, lo, has_hi,
+                   hi):  # pragma: no cover - compiled
     """y: the whole (B, M, N) float32 GEMM output (C-contiguous), changed in place in [b0, b1) x [r0, r1) x
     [c0, c1); row r of matrix b is channel (b % groups) * M + r; bias: (channels,)."""
     bias_act_rows(y.reshape(-1), y.shape[1], y.shape[2], b0, b1, r0, r1, c0, c1, groups, bias, has_bias, act, alpha,
-                  beta, has_lo, lo, has_hi, hi, terms)
+                  beta, has_lo, lo, has_hi, hi)
 
 
 @numba.njit(cache=True, error_model="numpy", nogil=True)
 def bias_act_rows(flat, m, n, b0, b1, r0, r1, c0, c1, groups, bias, has_bias, act, alpha, beta, has_lo, lo, has_hi,
-                  hi, terms):  # pragma: no cover - compiled
+                  hi):  # pragma: no cover - compiled
     """bias_act_block on the (B, m, n) output given flat. Sigmoid and SiLU take each row's bias as they load it
     (simd.sigmoid_f32); the others get the bias in a pass per row, then the activation on runs of whole
     rows (a 7x7 conv's 49-element rows: the loop set-up per row was most of the cost)."""
@@ -113,7 +112,7 @@ class BiasActivation:
                        float(np.float32(0 if hi is None else hi)))
         f = [np.float32(v) for v in self.floats]
         groups_, has_bias, act, has_lo, has_hi = self.flags
-        self.args = (groups_, self.bias, has_bias, act, f[0], f[1], has_lo, f[2], has_hi, f[3], EXP_TERMS)
+        self.args = (groups_, self.bias, has_bias, act, f[0], f[1], has_lo, f[2], has_hi, f[3])
 
     def __call__(self, y3: np.ndarray, b0: int, b1: int, r0: int, r1: int, c0: int, c1: int) -> None:
         if b1 > b0 and r1 > r0 and c1 > c0:
@@ -126,7 +125,7 @@ class BiasActivation:
         if not (b1 > b0 and r1 > r0 and c1 > c0):
             b1 = b0  # an empty block: the loop runs no row
         k.put_bias_act(ints, floats, r, y3, b0, b1, r0, r1, c0, c1, groups, self.bias, has_bias, act, has_lo,
-                       has_hi, EXP_TERMS, *self.floats)
+                       has_hi, *self.floats)
 
 
 def bias_activation(bias: np.ndarray | None, activation: str, alpha: float, lo: float | None,
@@ -151,7 +150,7 @@ EPILOGUE_RUN = 2048  # outputs (8 KiB) tap_planes finishes before it applies the
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
 def tap_planes(x, phases, taps, offsets, y, n, c0, c1, grid, wq, shared, sh, sw, top, left, hq, bias, has_bias, act,
-               alpha, beta, has_lo, lo, has_hi, hi, terms):  # pragma: no cover - compiled
+               alpha, beta, has_lo, lo, has_hi, hi):  # pragma: no cover - compiled
     """y (N, O, OH, OW) written for image n, outputs c0..c1; taps (O, T) f32; offsets (T,) int64 into a channel's
     phases; grid: scratch of at least OH * wq floats, a whole number of 32-lane vectors (the extra outputs are
     dropped). With `shared` (dense), phases (N, C, P * plane + slack) holds every channel's phases (fill_phases)
@@ -177,13 +176,13 @@ def tap_planes(x, phases, taps, offsets, y, n, c0, c1, grid, wq, shared, sh, sw,
             copy_f32(out, (c * oh + r) * ow, grid, r * wq, ow, 1)
         if act >= 0 and ((c + 1 - done) * oh * ow >= EPILOGUE_RUN or c == c1 - 1):
             bias_act_rows(out, y.shape[1], oh * ow, 0, 1, done, c + 1, 0, oh * ow, 1, bias, has_bias, act, alpha,
-                          beta, has_lo, lo, has_hi, hi, terms)
+                          beta, has_lo, lo, has_hi, hi)
             done = c + 1
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
 def direct_rows(phases, w, offsets, y, b, r0, r1, wq, piece_rows, bias, has_bias, act, alpha, beta, has_lo, lo, has_hi,
-                hi, terms):  # pragma: no cover - compiled
+                hi):  # pragma: no cover - compiled
     """y (N, O, OH, OW) float32 for image b, output channels r0..r1: a dense conv computed on the phases' grid
     (conv_direct.py). phases (N, L): image b's stride phases of every input channel, flat (fill_phases); w (O, K)
     with K = channels x kernel in (c, ky, kx) order; offsets (K,): where each of those reads, relative to a grid
@@ -202,7 +201,7 @@ def direct_rows(phases, w, offsets, y, b, r0, r1, wq, piece_rows, bias, has_bias
             gather_f32(scratch, wf[j0 * k:], src[g0 * wq:], offsets, j1 - j0, k, cols, 0, cols)
             if act >= 0:
                 bias_act_rows(scratch, SKINNY_ROWS, cols, 0, 1, 0, j1 - j0, 0, cols, 1, bias[j0:] if has_bias else bias,
-                              has_bias, act, alpha, beta, has_lo, lo, has_hi, hi, terms)
+                              has_bias, act, alpha, beta, has_lo, lo, has_hi, hi)
             for j in range(j1 - j0):
                 for r in range(g1 - g0):
                     copy_f32(out, ((j0 + j) * oh + g0 + r) * ow, scratch, j * cols + r * wq, ow, 1)

@@ -707,7 +707,7 @@ SIGMOID_LANES = 16 if AVX512 else 8
 
 
 def _unary(builder, name: str, v):
-    """A one-argument LLVM float intrinsic (llvm.fabs, llvm.floor, llvm.rint) on vector v."""
+    """A one-argument LLVM float intrinsic (llvm.fabs, llvm.rint) on vector v."""
     fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v.type, [v.type]),
                                         f"{name}.v{v.type.count}f32")
     return builder.call(fn, [v])
@@ -803,7 +803,6 @@ def sigmoid_f32(typingctx, dst, at, src, start, count, bias, silu):
         return context.get_dummy_value()
 
     return types.void(dst, at, src, start, count, bias, silu), codegen
-
 
 
 # Single-threaded on purpose: a parallel kernel's static split waits for every worker thread, which on a loaded

@@ -625,15 +625,14 @@ _no_epilogue: tuple | None = None
 
 def epilogue_fields(epilogue) -> tuple:
     """The fused epilogue's arguments of pool_kernels.skinny_rows and conv_kernels.tap_planes (bias, has_bias, act,
-    alpha, beta, has_lo, lo, has_hi, hi, terms; the bias per output channel) for a conv_kernels.BiasActivation,
+    alpha, beta, has_lo, lo, has_hi, hi; the bias per output channel) for a conv_kernels.BiasActivation,
     or for none (act -1)."""
     global _no_epilogue
     if epilogue is not None:
         return epilogue.args[1:]
     if _no_epilogue is None:
-        from .ufuncs import EXP_TERMS
         z = np.float32(0)
-        _no_epilogue = (np.zeros(1, np.float32), False, -1, z, z, False, z, False, z, EXP_TERMS)
+        _no_epilogue = (np.zeros(1, np.float32), False, -1, z, z, False, z, False, z)
     return _no_epilogue
 
 
@@ -645,9 +644,9 @@ def skinny_step(steps: Steps, a: np.ndarray, b: np.ndarray, out: np.ndarray, c0:
     ep = epilogue_fields(epilogue)
     if steps.native:
         k, ints, floats, r = steps.tables()
-        bias, has_bias, act, alpha, beta, has_lo, lo, has_hi, hi, terms = ep
-        k.put_skinny(ints, floats, r, out, a, b, c0, c1, r0, r1, bias, has_bias, act, has_lo, has_hi, terms, alpha,
-                     beta, lo, hi)
+        bias, has_bias, act, alpha, beta, has_lo, lo, has_hi, hi = ep
+        k.put_skinny(ints, floats, r, out, a, b, c0, c1, r0, r1, bias, has_bias, act, has_lo, has_hi, alpha, beta, lo,
+                     hi)
         steps.added()
     else:
         steps.added(partial(_kernels().skinny_rows, out.reshape(-1), a.reshape(-1), b.reshape(-1), a.shape[0],
