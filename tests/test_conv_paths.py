@@ -481,8 +481,15 @@ def test_which_convs_take_the_direct_path(xs, ws, group, dtype, grouped_epilogue
 
 # -------------------------------------------------------------- pointwise convs by simd.skinny_f32 (conv_pointwise.py)
 # (x shape, outputs): a masked last vector and outputs not a multiple of 8 (210 pixels, 37 channels), two images,
-# a 7x7 plane (49 pixels: split by output channels at 2 threads), a single 32-pixel vector
-POINTWISE = [((1, 24, 14, 15), 37), ((2, 16, 9, 9), 72), ((1, 96, 7, 7), 144), ((1, 5, 4, 8), 130)]
+# a 7x7 plane (49 pixels: split by output channels at 2 threads), a single 32-pixel vector, 512 input channels
+# (pool_kernels.skinny_rows' panels of 64 columns: 200 pixels in four, the last one part of a vector)
+POINTWISE = [((1, 24, 14, 15), 37), ((1, 512, 10, 20), 27), ((2, 16, 9, 9), 72), ((1, 96, 7, 7), 144),
+             ((1, 5, 4, 8), 130)]
+
+
+def test_the_pointwise_cases_cross_panels():
+    from rlx_runtime.pool_kernels import panel_columns
+    assert panel_columns(512) == 64 and panel_columns(16) == 2048 and panel_columns(5000) == 32
 
 
 @pytest.fixture
@@ -496,8 +503,9 @@ def pointwise_calls(monkeypatch):
 def test_skinny_pointwise_convs_match_onnxruntime_and_sum_each_dot_in_order(xs, o, pointwise_calls, split_small):
     """Each output is its products added by fma in order of the input channel from 0.0 (within a dot product's
     rounding of the float64 value), onnxruntime's values, and the same bits at one and two threads (split by
-    pixels, or by blocks of output channels)."""
-    w = RNG.standard_normal((o, xs[1], 1, 1)).astype(np.float32)
+    pixels, or by blocks of output channels). Weights scaled as a trained layer's (outputs of unit size, so the
+    two engines' different summation orders stay within the onnxruntime check's 1e-5)."""
+    w = (RNG.standard_normal((o, xs[1], 1, 1)) / np.sqrt(xs[1])).astype(np.float32)
     b = RNG.standard_normal(o).astype(np.float32)
     _check_against_onnxruntime(xs, w, b, {}, pointwise_calls)
     x = RNG.standard_normal(xs).astype(np.float32)
@@ -518,7 +526,7 @@ def test_skinny_pointwise_convs_match_onnxruntime_and_sum_each_dot_in_order(xs, 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 @pytest.mark.parametrize("act", ["Relu", "Sigmoid", "Silu", "LeakyRelu"])
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("xs,o", POINTWISE[:3], ids=str)
+@pytest.mark.parametrize("xs,o", POINTWISE[:4], ids=str)
 def test_skinny_pointwise_fused_equals_unfused(xs, o, act, threads, pointwise_calls, split_small, monkeypatch):
     w = RNG.standard_normal((o, xs[1], 1, 1)).astype(np.float32)
     b = RNG.standard_normal(o).astype(np.float32)
