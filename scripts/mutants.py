@@ -251,7 +251,7 @@ MUTANTS = [
            (("rlx_runtime/pool_kernels.py", "bias_act_rows(out, rows, n, 0, 1, j0, j1,",
              "bias_act_rows(out, rows, n, 0, 1, 0, j1 - j0,"),),
            ("test_conv_paths.py",)),
-    Mutant("pointwise_epilogue_whole_width", "the pointwise kernel's epilogue runs on the panel of columns just computed",
+    Mutant("pointwise_epilogue_whole_width", "the pointwise epilogue runs on the panel of columns just computed",
            (("rlx_runtime/pool_kernels.py", "j0, j1, p0, p1, 1, bias,", "j0, j1, c0, c1, 1, bias,"),),
            ("test_conv_paths.py",)),
     Mutant("whole_rows_run_short", "a block of whole rows is activated over all of its elements",
