@@ -134,6 +134,15 @@ def compute() -> dict[str, np.ndarray]:
         xg.reshape(-1)[::97] = np.inf
         xg.reshape(-1)[5::131] = np.nan
         out["global_average_pool"] = _run("GlobalAveragePool", [xg], {})
+        # MaxPool's vector folds (max_fold_f32: steps 1 and 2, masked tails), NaNs of both signs and -0.0/0.0 ties
+        xm = r.standard_normal((1, 3, 23, 45)).astype(np.float32)
+        xm.reshape(-1)[::29] = np.nan
+        xm.reshape(-1)[7::31] = -np.nan
+        xm.reshape(-1)[2::5] = -0.0
+        xm.reshape(-1)[3::5] = 0.0
+        for k, stride in ((3, 2), (5, 1)):
+            out[f"maxpool/{k}x{k}/s{stride}"] = _run("MaxPool", [xm], {"kernel_shape": [k, k], "pads": [k // 2] * 4,
+                                                                      "strides": [stride, stride]})
         # an LSTM on the numba step kernel (few-rows GEMM, sigmoid, tanh), a hidden size of 40 (a partial vector)
         xl = r.standard_normal((6, 3, 9)).astype(np.float32)
         wl = (r.standard_normal((1, 160, 9)) * 0.4).astype(np.float32)

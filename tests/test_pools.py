@@ -9,7 +9,10 @@ import itertools
 
 import numpy as np
 import pytest
+from threadpoolctl import threadpool_limits
 
+from rlx_runtime import threads
+from rlx_runtime.backend import CPU
 from rlx_runtime.kernels import KERNELS
 from rlx_runtime.kernels.registry import prepare_attrs
 
@@ -53,12 +56,25 @@ def _specials(shape, dtype=np.float32):
     ((1, 2, 5, 6, 7), {"kernel_shape": [2, 3, 2], "strides": [1, 2, 2], "pads": [0, 1, 1, 1, 0, 1]}),
 ], ids=str)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_maxpool_is_the_whole_window_fold_bit_for_bit(xs, attrs, dtype):
+@pytest.mark.parametrize("backend", ["generic", "cpu"])
+def test_maxpool_is_the_whole_window_fold_bit_for_bit(xs, attrs, dtype, backend, monkeypatch):
+    """The generic kernel (whole-array passes) and the CPU one (2-D float32: conv_kernels.maxpool_planes' vector
+    folds, its planes split over two threads)."""
+    from rlx_format.numba_setup import numba  # noqa: F401 - the CPU kernel's numba path is taken once it is loaded
+    monkeypatch.setattr(threads, "_MIN_SPLIT_WORK", 0)  # split these small pools too
     nsp = len(xs) - 2
     a = prepare_attrs("MaxPool", {"strides": [1] * nsp, "pads": [0] * (2 * nsp), "dilations": [1] * nsp,
                                   "ceil_mode": 0, "storage_order": 0, **attrs})
     x = _specials(xs, dtype)
-    got = KERNELS["MaxPool"](np, a, x)
+    fold = KERNELS["MaxPool"] if backend == "generic" else CPU.kernel("MaxPool")
+    from rlx_runtime import conv_kernels
+    planes = []
+    real = conv_kernels.maxpool_planes
+    monkeypatch.setattr(conv_kernels, "maxpool_planes", lambda *args: planes.append(args[2:4]) or real(*args))
+    with threadpool_limits(2, "blas"), threads.forward_threads():
+        got = fold(np, a, x)
+    # the vector folds ran exactly for the CPU's 2-D float32 cases, in two chunks of planes
+    assert len(planes) == (2 if backend == "cpu" and nsp == 2 and dtype == np.float32 else 0)
     want = _window_fold(x, a["kernel_shape"], a["strides"], a["dilations"], a["pads"], got.shape[2:])
     bits = np.uint32 if dtype == np.float32 else np.uint64
     np.testing.assert_array_equal(got.view(bits), want.view(bits))

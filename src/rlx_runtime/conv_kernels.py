@@ -12,7 +12,7 @@ import numpy as np
 
 from rlx_format.numba_setup import numba
 
-from .simd import SKINNY_ROWS, copy_f32, gather_f32, sigmoid_f32, sum_f32, taps_f32
+from .simd import LANES, SKINNY_ROWS, copy_f32, gather_f32, max_fold_f32, sigmoid_f32, sum_f32, taps_f32
 
 # Identity: the bias alone (a plain Conv's, added on blocks in cache instead of a pass over the whole output)
 ACTIVATION_CODES = {"Relu": 0, "Sigmoid": 1, "Silu": 2, "LeakyRelu": 3, "Clip": 4, "HardSwish": 5, "Identity": 6}
@@ -283,3 +283,36 @@ def row_means(x, out, width):  # pragma: no cover - compiled
     scale = np.float32(width)
     for r in range(out.size):
         out[r] = sum_f32(x, r * width, width) / scale
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def maxpool_planes(x, y, p0, p1, kh, kw, sh, sw, dh, dw, top, left):  # pragma: no cover - compiled
+    """2-D MaxPool of planes p0..p1 of float32 x (planes, h, w) into y (planes, oh, ow): each output starts at
+    -inf and takes np.maximum of its window's taps in (ky, kx) order, a tap's as one max_fold_f32 per output row
+    over the columns whose tap is inside the input. A padded tap (-inf) would change no value, so skipping it is
+    the whole window's fold (kernels/nn.py _maxpool's bits).
+
+    The folds go into a scratch plane whose rows start LANES-aligned apart (then one copy_f32 per row into y):
+    a load that overlaps an earlier masked store waits until that store has left the core, and with rows ow
+    apart each row's first vector overlapped the previous row's masked tail (40-wide rows: 13 ns a fold, 2.5
+    with the padded pitch). Taps outside, rows inside, so a row's next fold is oh folds after its last store."""
+    h, w = x.shape[1], x.shape[2]
+    oh, ow = y.shape[1], y.shape[2]
+    pitch = -(-ow // LANES) * LANES
+    xf, yf = x.reshape(-1), y.reshape(-1)
+    grid = np.empty(oh * pitch, np.float32)
+    for p in range(p0, p1):
+        grid[:] = -np.inf
+        for ky in range(kh):
+            for kx in range(kw):
+                off = kx * dw - left  # output column ox reads input column ox * sw + off
+                lo = 0 if off >= 0 else (sw - 1 - off) // sw
+                hi = min(ow, (w - 1 - off) // sw + 1) if off < w else 0
+                if hi <= lo:
+                    continue
+                for oy in range(oh):
+                    iy = oy * sh + ky * dh - top
+                    if 0 <= iy < h:
+                        max_fold_f32(grid, oy * pitch + lo, xf, (p * h + iy) * w + lo * sw + off, hi - lo, sw)
+        for oy in range(oh):
+            copy_f32(yf, (p * oh + oy) * ow, grid, oy * pitch, ow, 1)

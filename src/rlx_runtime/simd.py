@@ -545,15 +545,46 @@ def _masked(builder, op: str, vty, ptr, mask, value=None):
 
 
 def _first_lanes(builder, count, lanes):
-    """A mask of `lanes` bits, set in the first `count` (an i64)."""
+    """A mask of `lanes` bits, set in the first `count` (an i64, at least 0). On AVX-512 built as an integer,
+    (1 << count) - 1, moved into a mask register: the compare of a lane index vector took 4-12 vector compares
+    and mask merges (a 64-lane mask, step 2 of copy_intrinsic), most of a short row's fold."""
+    if AVX512 and lanes in (16, 32, 64):
+        ity = ir.IntType(lanes)
+        n = builder.trunc(count, ity) if lanes < 64 else count
+        full = builder.icmp_unsigned(">=", count, ir.Constant(_I64, lanes))
+        bits = builder.select(full, ir.Constant(ity, -1), builder.sub(builder.shl(ir.Constant(ity, 1), n),
+                                                                       ir.Constant(ity, 1)))
+        return builder.bitcast(bits, ir.VectorType(ir.IntType(1), lanes))
     vi = ir.VectorType(_I64, lanes)
     return builder.icmp_signed("<", ir.Constant(vi, list(range(lanes))), _splat(builder, count, vi))
 
 
-def copy_intrinsic(masked_tail: bool):
+def _np_maximum(builder, old, new):
+    """np.maximum(old, new) of float32 values or vectors: a NaN in `old` stays, else a NaN in `new` wins; of
+    equal values (-0.0 and 0.0) `new` (numpy's own float32 maximum on x86, which MaxPool's fold follows)."""
+    take = builder.and_(builder.or_(builder.fcmp_ordered(">=", new, old), builder.fcmp_unordered("uno", new, new)),
+                        builder.fcmp_ordered("ord", old, old))
+    return builder.select(take, new, old)
+
+
+def copy_intrinsic(masked_tail: bool, combine=None):
     """copy_f32 ending each row with one masked vector (masked_tail; AVX-512's masked moves cost what plain ones
     do) or with vectors of 8 and then single elements (AVX2's masked stores are slow: a 56-float row took 21 ns
-    with a masked tail on Zen 3, 2.7 ns for a 32-float row without one)."""
+    with a masked tail on Zen 3, 2.7 ns for a 32-float row without one). With `combine` (builder, old, new) ->
+    value, each element stored is combine(dst's element, the source's) instead of the source's (max_fold_f32)."""
+    def put(builder, value, at_ptr, mask=None):
+        """Store value (a vector or scalar) at at_ptr, combined with what is there (only mask's lanes)."""
+        if combine is not None:
+            if mask is not None:
+                old = _masked(builder, "load", value.type, at_ptr, mask)
+            else:
+                old = builder.load(builder.bitcast(at_ptr, value.type.as_pointer()), align=1)
+            value = combine(builder, old, value)
+        if mask is not None:
+            _masked(builder, "store", value.type, at_ptr, mask, value)
+        else:
+            builder.store(value, builder.bitcast(at_ptr, value.type.as_pointer()), align=1)
+
     @intrinsic
     def copy_f32(typingctx, dst, at, src, start, count, step):
         ints = all(isinstance(v, types.Integer) for v in (at, start, count, step))
@@ -580,7 +611,7 @@ def copy_intrinsic(masked_tail: bool):
                     else:
                         v = _load_vec(builder, sp, builder.mul(k, two), wide)
                         v = builder.shuffle_vector(v, v, evens)
-                    _store_vec(builder, v, dp, k)
+                    put(builder, v, builder.gep(dp, [k]))
                     builder.store(builder.add(k, lanes), i)
 
                 _while(builder, lambda: builder.icmp_signed(">=" if dense else ">", builder.sub(n, builder.load(i)),
@@ -598,13 +629,13 @@ def copy_intrinsic(masked_tail: bool):
                                     builder.gep(sp, [builder.mul(k, two)]), _first_lanes(builder, need, 2 * LANES))
                         v = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, LANES),
                                                                      list(range(0, 2 * LANES, 2))))
-                    _masked(builder, "store", _VF, builder.gep(dp, [k]), _first_lanes(builder, left, LANES), v)
+                    put(builder, v, builder.gep(dp, [k]), _first_lanes(builder, left, LANES))
                     builder.store(n, i)
 
             def elements():
                 def body():
                     k = builder.load(i)
-                    builder.store(builder.load(builder.gep(sp, [builder.mul(k, stp)])), builder.gep(dp, [k]))
+                    put(builder, builder.load(builder.gep(sp, [builder.mul(k, stp)])), builder.gep(dp, [k]))
                     builder.store(builder.add(k, one), i)
                 _while(builder, lambda: builder.icmp_signed("<", builder.load(i), n), body)
 
@@ -639,6 +670,10 @@ def copy_intrinsic(masked_tail: bool):
 # tap convs' and im2col's row copies (their rows are 7-112 elements: numba's own loop over a slice copy ran at
 # about 0.7 ns an element); other steps one element at a time.
 copy_f32 = copy_intrinsic(AVX512)
+# max_fold_f32(dst, at, src, start, count, step): dst[at + i] = np.maximum(dst[at + i], src[start + i * step]), by
+# copy_f32's vectors and masks (a select on three compares per vector: numba's own loop over the same steps stayed
+# scalar, ~1.8 ns an element). MaxPool's fold of a window row into an output row.
+max_fold_f32 = copy_intrinsic(AVX512, _np_maximum)
 
 
 SUM_CHAINS = 4  # 32-lane accumulators sum_f32 keeps (consecutive vectors go to each in turn)
