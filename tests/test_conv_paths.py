@@ -450,6 +450,22 @@ def test_direct_convs_match_onnxruntime_and_sum_each_output_in_order(xs, ws, att
     assert np.all(np.abs(one - ort_out) <= 2 * bound)  # onnxruntime's values: each within a dot's rounding too
 
 
+@pytest.mark.parametrize("piece_bytes", [1, 2240 * 7], ids=["row-by-row", "5-5-2-rows"])
+def test_direct_convs_in_pieces_give_the_same_bits(piece_bytes, direct_calls, monkeypatch):
+    """conv_direct.PIECE_BYTES cuts the grid into pieces of rows (each computed by every 8-channel block in
+    turn): one row a piece, or for the 40-channel 3x3 case (grid rows of 4 x 40 x 14 bytes) pieces of 5, 5 and 2
+    rows. The pieces change where the work goes, never a value."""
+    for xs, ws, attrs in (DIRECT[-2], DIRECT[-6], DIRECT[-1]):
+        w = RNG.standard_normal(ws).astype(np.float32)
+        x = RNG.standard_normal(xs).astype(np.float32)
+        compiled = Session().compile(_rlx_conv(xs, w, RNG.standard_normal(ws[0]).astype(np.float32), attrs, "Relu"))
+        whole = compiled.run({"x": x})["act"]
+        with monkeypatch.context() as m:
+            m.setattr(conv_direct, "PIECE_BYTES", piece_bytes)
+            np.testing.assert_array_equal(compiled.run({"x": x})["act"], whole)
+    assert direct_calls
+
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 @pytest.mark.parametrize("act", ["Relu", "Sigmoid", "Silu", "LeakyRelu"])
 @pytest.mark.parametrize("threads", [1, 2])

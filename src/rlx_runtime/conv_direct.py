@@ -25,6 +25,10 @@ from . import threads
 # grid columns per piece of the output that all 8-channel blocks compute in turn (the piece's input views then
 # stay in L2 between the blocks)
 PIECE_COLUMNS = 1024
+# and at most this many bytes of input phases read by a piece (every channel's phases over the piece's rows and
+# the kernel's extra rows): a stride-2 conv reads 4 phases a channel, so 1024 columns of ResNet-50's 128->128
+# 3x3/2 conv at 56x56 spanned all 1.8 MB of its phases (34 GMAC/s at 1 thread), 7 rows of them 46 GMAC/s
+PIECE_BYTES = 512 << 10
 # the largest inner dimension (channels x kernel) taken: a weight row of the 8-channel block is read for every
 # 32-column vector, and the input views of a piece must fit in L2
 MAX_INNER = 4608
@@ -62,7 +66,8 @@ def direct2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp, epilogue=
     offsets = phase_offsets(c, kh, kw, sh, sw, dh, dw, plane, wq, stride)
     wk = np.ascontiguousarray(w.reshape(o, -1))
     y = np.empty((n, o, oh, ow), np.float32)
-    piece_rows = max(1, min(oh, PIECE_COLUMNS // wq))
+    row_bytes = 4 * c * sh * sw * wq  # a grid row's phase rows, every channel
+    piece_rows = max(1, min(oh, PIECE_COLUMNS // wq, PIECE_BYTES // row_bytes - (kh - 1) * dh // sh))
     ep = threads.epilogue_fields(epilogue)
     nthreads = threads.threads_for(n * o * wk.shape[1] * oh * wq)
     edges = threads.block_edges(o, nthreads, simd.SKINNY_ROWS)
