@@ -75,7 +75,7 @@ def direct2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp, epilogue=
         for b in range(n):
             ck.direct_rows(phases, wk, offsets, y, b, 0, o, wq, piece_rows, *ep)
         return y
-    bias, has_bias, act, alpha, beta, has_lo, lo, has_hi, hi = ep
+    bias, has_bias, act, alpha, beta, has_lo, lo, has_hi, hi, res, has_res = ep
     with threads.Steps(n * (len(edges) - 1), True) as steps:
         steps.keep += (phases, wk, offsets, y, ep)  # the rows hold only their addresses
         for r0, r1 in zip(edges, edges[1:]):
@@ -83,7 +83,7 @@ def direct2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp, epilogue=
                 if steps.native:
                     k, ints, floats, r = steps.tables()
                     k.put_direct(ints, floats, r, phases, wk, offsets, y, b, r0, r1, wq, piece_rows, bias, has_bias,
-                                 act, has_lo, has_hi, alpha, beta, lo, hi)
+                                 act, has_lo, has_hi, alpha, beta, lo, hi, res, has_res)
                     steps.added()
                 else:
                     steps.added(functools.partial(ck.direct_rows, phases, wk, offsets, y, b, r0, r1, wq, piece_rows,

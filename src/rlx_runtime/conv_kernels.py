@@ -22,32 +22,39 @@ ACTIVATION_CODES = {"Relu": 0, "Sigmoid": 1, "Silu": 2, "LeakyRelu": 3, "Clip": 
 # conv run on several threads at once (threads.matmul)
 @numba.njit(cache=True, error_model="numpy", nogil=True)
 def bias_act_block(y, b0, b1, r0, r1, c0, c1, groups, bias, has_bias, act, alpha, beta, has_lo, lo, has_hi,
-                   hi):  # pragma: no cover - compiled
+                   hi, res, has_res):  # pragma: no cover - compiled
     """y: the whole (B, M, N) float32 GEMM output (C-contiguous), changed in place in [b0, b1) x [r0, r1) x
-    [c0, c1); row r of matrix b is channel (b % groups) * M + r; bias: (channels,)."""
+    [c0, c1); row r of matrix b is channel (b % groups) * M + r; bias: (channels,); res: y's residual, flat."""
     bias_act_rows(y.reshape(-1), y.shape[1], y.shape[2], b0, b1, r0, r1, c0, c1, groups, bias, has_bias, act, alpha,
-                  beta, has_lo, lo, has_hi, hi)
+                  beta, has_lo, lo, has_hi, hi, res, has_res)
 
 
 @numba.njit(cache=True, error_model="numpy", nogil=True)
 def bias_act_rows(flat, m, n, b0, b1, r0, r1, c0, c1, groups, bias, has_bias, act, alpha, beta, has_lo, lo, has_hi,
-                  hi):  # pragma: no cover - compiled
-    """bias_act_block on the (B, m, n) output given flat. Sigmoid and SiLU take each row's bias as they load it
-    (simd.sigmoid_f32); the others get the bias in a pass per row, then the activation on runs of whole
-    rows (a 7x7 conv's 49-element rows: the loop set-up per row was most of the cost)."""
-    if (act == 1 or act == 2) and has_bias:
+                  hi, res, has_res):  # pragma: no cover - compiled
+    """bias_act_block on the (B, m, n) output given flat (res, with has_res: the residual, indexed as flat).
+    Sigmoid and SiLU without a residual take each row's bias as they load it (simd.sigmoid_f32); otherwise the
+    bias, then the residual, are added in a pass per row, then the activation runs on runs of whole rows (a 7x7
+    conv's 49-element rows: the loop set-up per row was most of the cost)."""
+    if (act == 1 or act == 2) and has_bias and not has_res:
         for bi in range(b0, b1):
             for r in range(r0, r1):
                 at = (bi * m + r) * n + c0
                 sigmoid_f32(flat, at, flat, at, c1 - c0, bias[(bi % groups) * m + r], act == 2)
         return
-    if has_bias:
+    if has_bias or has_res:
         for bi in range(b0, b1):
             for r in range(r0, r1):
-                bv = bias[(bi % groups) * m + r]
-                row = flat[(bi * m + r) * n + c0:(bi * m + r) * n + c1]
-                for i in range(c1 - c0):
-                    row[i] += bv
+                at = (bi * m + r) * n
+                bv = bias[(bi % groups) * m + r] if has_bias else np.float32(-0.0)  # x + -0.0 is x
+                row = flat[at + c0:at + c1]
+                if has_res:  # (y + b) + r, each sum rounded: Conv's, then the residual Add's
+                    added = res[at + c0:at + c1]
+                    for i in range(c1 - c0):
+                        row[i] = (row[i] + bv) + added[i]
+                else:
+                    for i in range(c1 - c0):
+                        row[i] += bv
     if c0 == 0 and c1 == n and r0 == 0 and r1 == m:  # whole matrices (a depthwise conv's are single rows)
         activate(flat, b0 * m * n, (b1 - b0) * m * n, act, alpha, beta, has_lo, lo, has_hi, hi)
         return
@@ -101,8 +108,11 @@ def activate(flat, start, count, act, alpha, beta, has_lo, lo, has_hi, hi):  # p
 
 class BiasActivation:
     """The epilogue threads.matmul runs on each finished block of a conv's float32 GEMM output (B, M, N): Conv's
-    bias, then the activation, in place (matrix b holds group b % groups of one image). Called in Python, or
-    written as a table row (`put`) for the worker pool's compiled loop (pool_kernels.py)."""
+    bias, then a residual's Add (with_residual), then the activation, in place (matrix b holds group b % groups of
+    one image). Called in Python, or written as a table row (`put`) for the worker pool's compiled loop
+    (pool_kernels.py)."""
+
+    _NO_RESIDUAL = np.zeros(1, np.float32)
 
     def __init__(self, bias: np.ndarray | None, activation: str, alpha: float, lo: float | None, hi: float | None,
                  groups: int = 1, beta: float = 0.5):
@@ -110,9 +120,18 @@ class BiasActivation:
         self.flags = (groups, bias is not None, ACTIVATION_CODES[activation], lo is not None, hi is not None)
         self.floats = (float(np.float32(alpha)), float(np.float32(beta)), float(np.float32(0 if lo is None else lo)),
                        float(np.float32(0 if hi is None else hi)))
+        self.residual = self._NO_RESIDUAL
         f = [np.float32(v) for v in self.floats]
         groups_, has_bias, act, has_lo, has_hi = self.flags
-        self.args = (groups_, self.bias, has_bias, act, f[0], f[1], has_lo, f[2], has_hi, f[3])
+        self.args = (groups_, self.bias, has_bias, act, f[0], f[1], has_lo, f[2], has_hi, f[3], self.residual, False)
+
+    def with_residual(self, residual: np.ndarray) -> BiasActivation:
+        """This epilogue adding `residual` (float32, C-contiguous, the conv output's shape) after the bias: a copy,
+        made per call (the cached epilogue is the plan step's; the residual is the forward's)."""
+        ep = object.__new__(BiasActivation)  # copy.copy took 2.7 us, as long as a small conv's whole residual Add
+        flat = residual.reshape(-1)
+        ep.__dict__ = {**self.__dict__, "residual": flat, "args": (*self.args[:-2], flat, True)}
+        return ep
 
     def __call__(self, y3: np.ndarray, b0: int, b1: int, r0: int, r1: int, c0: int, c1: int) -> None:
         if b1 > b0 and r1 > r0 and c1 > c0:
@@ -125,7 +144,7 @@ class BiasActivation:
         if not (b1 > b0 and r1 > r0 and c1 > c0):
             b1 = b0  # an empty block: the loop runs no row
         k.put_bias_act(ints, floats, r, y3, b0, b1, r0, r1, c0, c1, groups, self.bias, has_bias, act, has_lo,
-                       has_hi, *self.floats)
+                       has_hi, *self.floats, self.residual, self.args[-1])
 
 
 def bias_activation(bias: np.ndarray | None, activation: str, alpha: float, lo: float | None,
@@ -150,7 +169,7 @@ EPILOGUE_RUN = 2048  # outputs (8 KiB) tap_planes finishes before it applies the
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
 def tap_planes(x, phases, taps, offsets, y, n, c0, c1, grid, wq, shared, sh, sw, top, left, hq, bias, has_bias, act,
-               alpha, beta, has_lo, lo, has_hi, hi):  # pragma: no cover - compiled
+               alpha, beta, has_lo, lo, has_hi, hi, res, has_res):  # pragma: no cover - compiled
     """y (N, O, OH, OW) written for image n, outputs c0..c1; taps (O, T) f32; offsets (T,) int64 into a channel's
     phases; grid: scratch of at least OH * wq floats, a whole number of 32-lane vectors (the extra outputs are
     dropped). With `shared` (dense), phases (N, C, P * plane + slack) holds every channel's phases (fill_phases)
@@ -159,11 +178,12 @@ def tap_planes(x, phases, taps, offsets, y, n, c0, c1, grid, wq, shared, sh, sw,
     plane + slack) that arrives zeroed (each channel writes the same elements, so the padding stays zero). With
     act >= 0 the output channels then get bias_act_block's bias (per output channel) and activation while they are
     in L1/L2, at least EPILOGUE_RUN outputs at a time (a separate pass read them back from L2/L3; a call per 7x7
-    channel cost more than that)."""
+    channel cost more than that); res (with has_res): the residual of all of y, flat."""
     oh, ow = y.shape[2], y.shape[3]
     size = grid.shape[0]
     flat = phases[n if shared else 0].reshape(-1)
     out = y[n].reshape(-1)
+    image_res = res[n * out.size:] if has_res else res
     h, w = x.shape[2], x.shape[3]
     xf = x.reshape(-1)
     spans = phase_rows(h, w, sh, sw, top, left, hq, wq)
@@ -176,21 +196,23 @@ def tap_planes(x, phases, taps, offsets, y, n, c0, c1, grid, wq, shared, sh, sw,
             copy_f32(out, (c * oh + r) * ow, grid, r * wq, ow, 1)
         if act >= 0 and ((c + 1 - done) * oh * ow >= EPILOGUE_RUN or c == c1 - 1):
             bias_act_rows(out, y.shape[1], oh * ow, 0, 1, done, c + 1, 0, oh * ow, 1, bias, has_bias, act, alpha,
-                          beta, has_lo, lo, has_hi, hi)
+                          beta, has_lo, lo, has_hi, hi, image_res, has_res)
             done = c + 1
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
 def direct_rows(phases, w, offsets, y, b, r0, r1, wq, piece_rows, bias, has_bias, act, alpha, beta, has_lo, lo, has_hi,
-                hi):  # pragma: no cover - compiled
+                hi, res, has_res):  # pragma: no cover - compiled
     """y (N, O, OH, OW) float32 for image b, output channels r0..r1: a dense conv computed on the phases' grid
     (conv_direct.py). phases (N, L): image b's stride phases of every input channel, flat (fill_phases); w (O, K)
     with K = channels x kernel in (c, ky, kx) order; offsets (K,): where each of those reads, relative to a grid
     position. piece_rows grid rows at a time (their columns stay in cache), SKINNY_ROWS output channels at a time
     by simd.gather_f32 into a scratch, whose rows then get the epilogue (act >= 0; bias per output channel) and
-    have their first OW columns of each grid row copied out."""
+    have their first OW columns of each grid row copied out. With a residual (has_res; res: all of y's, flat) the
+    epilogue runs on those rows once copied out instead (the residual is laid out as the output, not the grid)."""
     oh, ow, k = y.shape[2], y.shape[3], w.shape[1]
     src, out, wf = phases[b], y[b].reshape(-1), w.reshape(-1)
+    image_res = res[b * out.size:] if has_res else res
     piece = piece_rows * wq
     scratch = np.empty(SKINNY_ROWS * piece, np.float32)
     for g0 in range(0, oh, piece_rows):
@@ -199,12 +221,15 @@ def direct_rows(phases, w, offsets, y, b, r0, r1, wq, piece_rows, bias, has_bias
         for j0 in range(r0, r1, SKINNY_ROWS):
             j1 = min(r1, j0 + SKINNY_ROWS)
             gather_f32(scratch, wf[j0 * k:], src[g0 * wq:], offsets, j1 - j0, k, cols, 0, cols)
-            if act >= 0:
+            if act >= 0 and not has_res:
                 bias_act_rows(scratch, SKINNY_ROWS, cols, 0, 1, 0, j1 - j0, 0, cols, 1, bias[j0:] if has_bias else bias,
-                              has_bias, act, alpha, beta, has_lo, lo, has_hi, hi)
+                              has_bias, act, alpha, beta, has_lo, lo, has_hi, hi, res, False)
             for j in range(j1 - j0):
                 for r in range(g1 - g0):
                     copy_f32(out, ((j0 + j) * oh + g0 + r) * ow, scratch, j * cols + r * wq, ow, 1)
+            if act >= 0 and has_res:
+                bias_act_rows(out, y.shape[1], oh * ow, 0, 1, j0, j1, g0 * ow, g1 * ow, 1, bias, has_bias, act, alpha,
+                              beta, has_lo, lo, has_hi, hi, image_res, True)
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")

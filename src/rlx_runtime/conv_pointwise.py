@@ -58,9 +58,10 @@ def pointwise(w: np.ndarray, x: np.ndarray, epilogue=None) -> np.ndarray:
     y = np.empty((n, o, p), np.float32)
     nthreads = threads.threads_for(n * o * c * p)
     if nthreads == 1:  # the calls themselves, without a job around them (Steps' set-up: ~5 us)
-        skinny_rows, ep = kernels.skinny_rows, threads.epilogue_fields(epilogue)
+        skinny_rows = kernels.skinny_rows
         for b in range(n):
-            skinny_rows(y[b].reshape(-1), w.reshape(-1), x[b].reshape(-1), o, c, p, 0, p, 0, o, *ep)
+            skinny_rows(y[b].reshape(-1), w.reshape(-1), x[b].reshape(-1), o, c, p, 0, p, 0, o,
+                        *threads.epilogue_fields(epilogue, b, o * p))
         return y
     by_columns = p >= 2 * simd.LANES * nthreads
     edges = (threads.block_edges(p, nthreads, simd.LANES) if by_columns
@@ -69,9 +70,9 @@ def pointwise(w: np.ndarray, x: np.ndarray, epilogue=None) -> np.ndarray:
         for e0, e1 in zip(edges, edges[1:]):
             for b in range(n):
                 if by_columns:
-                    threads.skinny_step(steps, w, x[b], y[b], e0, e1, 0, o, epilogue)
+                    threads.skinny_step(steps, w, x[b], y[b], e0, e1, 0, o, epilogue, b)
                 else:
-                    threads.skinny_step(steps, w, x[b], y[b], 0, p, e0, e1, epilogue)
+                    threads.skinny_step(steps, w, x[b], y[b], 0, p, e0, e1, epilogue, b)
             steps.end_chunk()
         steps.run()
     return y

@@ -107,7 +107,7 @@ def taps2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp, epilogue=No
         for b in range(n):
             ck.tap_planes(x, phases, taps, offsets, y, b, 0, o, grid, wq, dense, *fill, *ep)
         return y
-    bias, has_bias, act, alpha, beta, has_lo, lo, has_hi, hi = ep
+    bias, has_bias, act, alpha, beta, has_lo, lo, has_hi, hi, res, has_res = ep
     with threads.Steps(n * len(edges), True) as steps:
         steps.keep += (x, taps, offsets, y, ep)  # the rows hold only their addresses
         for c0, c1 in zip(edges, edges[1:]):
@@ -119,7 +119,7 @@ def taps2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp, epilogue=No
                 if steps.native:
                     k, ints, floats, r = steps.tables()
                     k.put_taps(ints, floats, r, x, phases, taps, offsets, y, b, c0, c1, grid, wq, dense, *fill, bias,
-                               has_bias, act, has_lo, has_hi, alpha, beta, lo, hi)
+                               has_bias, act, has_lo, has_hi, alpha, beta, lo, hi, res, has_res)
                     steps.added()
                 else:
                     steps.added(partial(ck.tap_planes, x, phases, taps, offsets, y, b, c0, c1, grid, wq, dense, *fill,

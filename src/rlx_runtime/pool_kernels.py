@@ -112,9 +112,10 @@ def _run_row(ti, tf, r):  # pragma: no cover - compiled
     elif kind == ROW_BIAS_ACT:
         y = numba.carray(_f32_at(ti[r, 1]), (ti[r, 2], ti[r, 3], ti[r, 4]))
         bias = numba.carray(_f32_at(ti[r, 12]), (ti[r, 13],))
+        res = numba.carray(_f32_at(ti[r, 18]), (ti[r, 19],))
         bias_act_block(y, ti[r, 5], ti[r, 6], ti[r, 7], ti[r, 8], ti[r, 9], ti[r, 10], ti[r, 11], bias,
                        ti[r, 14] != 0, ti[r, 15], np.float32(tf[r, 0]), np.float32(tf[r, 1]), ti[r, 16] != 0,
-                       np.float32(tf[r, 2]), ti[r, 17] != 0, np.float32(tf[r, 3]))
+                       np.float32(tf[r, 2]), ti[r, 17] != 0, np.float32(tf[r, 3]), res, ti[r, 20] != 0)
     elif kind == ROW_TAPS:
         n, o = ti[r, 2], ti[r, 18]
         phases = numba.carray(_f32_at(ti[r, 1]), (n, ti[r, 3], ti[r, 4]))
@@ -124,37 +125,41 @@ def _run_row(ti, tf, r):  # pragma: no cover - compiled
         grid = numba.carray(_f32_at(ti[r, 14]), (ti[r, 16],))
         x = numba.carray(_f32_at(ti[r, 20]), (ti[r, 19], ti[r, 21], ti[r, 22], ti[r, 23]))
         bias = numba.carray(_f32_at(ti[r, 29]), (ti[r, 30],))
+        res = numba.carray(_f32_at(ti[r, 35]), (ti[r, 36],))
         tap_planes(x, phases, taps, offsets, y, ti[r, 11], ti[r, 12], ti[r, 13], grid, ti[r, 15], ti[r, 17] != 0,
                    ti[r, 24], ti[r, 25], ti[r, 26], ti[r, 27], ti[r, 28], bias, ti[r, 31] != 0, ti[r, 32],
                    np.float32(tf[r, 0]), np.float32(tf[r, 1]), ti[r, 33] != 0, np.float32(tf[r, 2]), ti[r, 34] != 0,
-                   np.float32(tf[r, 3]))
+                   np.float32(tf[r, 3]), res, ti[r, 37] != 0)
     elif kind == ROW_DIRECT:
         phases = numba.carray(_f32_at(ti[r, 1]), (ti[r, 2], ti[r, 3]))
         w = numba.carray(_f32_at(ti[r, 4]), (ti[r, 5], ti[r, 6]))
         offsets = numba.carray(_i64_at(ti[r, 7]), (ti[r, 6],))
         y = numba.carray(_f32_at(ti[r, 8]), (ti[r, 2], ti[r, 5], ti[r, 9], ti[r, 10]))
         bias = numba.carray(_f32_at(ti[r, 16]), (ti[r, 17],))
+        res = numba.carray(_f32_at(ti[r, 22]), (ti[r, 23],))
         direct_rows(phases, w, offsets, y, ti[r, 11], ti[r, 12], ti[r, 13], ti[r, 14], ti[r, 15], bias, ti[r, 18] != 0,
                     ti[r, 19], np.float32(tf[r, 0]), np.float32(tf[r, 1]), ti[r, 20] != 0, np.float32(tf[r, 2]),
-                    ti[r, 21] != 0, np.float32(tf[r, 3]))
+                    ti[r, 21] != 0, np.float32(tf[r, 3]), res, ti[r, 24] != 0)
     elif kind == ROW_SKINNY:
         rows, k, n = ti[r, 4], ti[r, 5], ti[r, 6]
         out = numba.carray(_f32_at(ti[r, 1]), (rows * n,))
         x = numba.carray(_f32_at(ti[r, 2]), (rows * k,))
         wt = numba.carray(_f32_at(ti[r, 3]), (k * n,))
         bias = numba.carray(_f32_at(ti[r, 11]), (ti[r, 12],))
+        res = numba.carray(_f32_at(ti[r, 17]), (ti[r, 18],))
         skinny_rows(out, x, wt, rows, k, n, ti[r, 7], ti[r, 8], ti[r, 9], ti[r, 10], bias, ti[r, 13] != 0,
                     ti[r, 14], np.float32(tf[r, 0]), np.float32(tf[r, 1]), ti[r, 15] != 0, np.float32(tf[r, 2]),
-                    ti[r, 16] != 0, np.float32(tf[r, 3]))
+                    ti[r, 16] != 0, np.float32(tf[r, 3]), res, ti[r, 19] != 0)
 
 
 @numba.njit(cache=True, nogil=True)
 def skinny_rows(out, x, wt, rows, k, n, c0, c1, r0, r1, bias, has_bias, act, alpha, beta, has_lo, lo, has_hi,
-                hi):  # pragma: no cover - compiled
+                hi, res, has_res):  # pragma: no cover - compiled
     """out (rows, n) = x (rows, k) @ wt (k, n) on rows r0..r1 and columns c0..c1 (flat C-order float32),
     SKINNY_ROWS rows at a time; with act >= 0 each block then gets conv_kernels.bias_act_block (bias per row:
-    a pointwise conv's epilogue) while it is still in cache. Columns go in panels of panel_columns(k): every
-    block of rows reads the panel of wt from cache, not the whole of wt from memory again."""
+    a pointwise conv's epilogue; res: out's residual, flat, with has_res) while it is still in cache. Columns go
+    in panels of panel_columns(k): every block of rows reads the panel of wt from cache, not the whole of wt from
+    memory again."""
     width = c1 - c0 if r1 - r0 <= SKINNY_ROWS else panel_columns(k)
     for p0 in range(c0, c1, max(width, 1)):
         p1 = min(c1, p0 + width)
@@ -163,7 +168,7 @@ def skinny_rows(out, x, wt, rows, k, n, c0, c1, r0, r1, bias, has_bias, act, alp
             skinny_f32(out[j0 * n:], x[j0 * k:], wt, j1 - j0, k, n, p0, p1)
             if act >= 0:
                 bias_act_rows(out, rows, n, 0, 1, j0, j1, p0, p1, 1, bias, has_bias, act, alpha, beta, has_lo, lo,
-                              has_hi, hi)
+                              has_hi, hi, res, has_res)
 
 
 # bytes of wt's (k, columns) panel that skinny_rows keeps in cache while every block of rows passes over it.
@@ -182,13 +187,14 @@ def panel_columns(k):  # pragma: no cover - compiled
 
 @numba.njit(cache=True, nogil=True)
 def put_skinny(ti, tf, r, out, x, wt, c0, c1, r0, r1, bias, has_bias, act, has_lo, has_hi, alpha, beta, lo,
-               hi):  # pragma: no cover - compiled
+               hi, res, has_res):  # pragma: no cover - compiled
     """Row r: skinny_rows on rows r0..r1 and columns c0..c1 of out = x @ wt (C-contiguous 2-D float32), with the
     epilogue's fields as put_bias_act's (act -1: none)."""
     ti[r, 0], ti[r, 1], ti[r, 2], ti[r, 3] = ROW_SKINNY, out.ctypes.data, x.ctypes.data, wt.ctypes.data
     ti[r, 4], ti[r, 5], ti[r, 6], ti[r, 7], ti[r, 8] = x.shape[0], x.shape[1], wt.shape[1], c0, c1
     ti[r, 9], ti[r, 10], ti[r, 11], ti[r, 12], ti[r, 13] = r0, r1, bias.ctypes.data, bias.size, has_bias
     ti[r, 14], ti[r, 15], ti[r, 16] = act, has_lo, has_hi
+    ti[r, 17], ti[r, 18], ti[r, 19] = res.ctypes.data, res.size, has_res
     tf[r, 0], tf[r, 1], tf[r, 2], tf[r, 3] = alpha, beta, lo, hi
 
 
@@ -333,18 +339,19 @@ def put_gemv(ti, tf, r, fn, wide, a, b, out):  # pragma: no cover - compiled
 
 @numba.njit(cache=True, nogil=True)
 def put_bias_act(ti, tf, r, y, b0, b1, r0, r1, c0, c1, groups, bias, has_bias, act, has_lo, has_hi, alpha,
-                 beta, lo, hi):  # pragma: no cover - compiled
+                 beta, lo, hi, res, has_res):  # pragma: no cover - compiled
     """Row r: conv_kernels.bias_act_block on block [b0, b1) x [r0, r1) x [c0, c1) of y (B, M, N) float32."""
     ti[r, 0], ti[r, 1], ti[r, 2], ti[r, 3], ti[r, 4] = ROW_BIAS_ACT, y.ctypes.data, y.shape[0], y.shape[1], y.shape[2]
     ti[r, 5], ti[r, 6], ti[r, 7], ti[r, 8], ti[r, 9], ti[r, 10] = b0, b1, r0, r1, c0, c1
     ti[r, 11], ti[r, 12], ti[r, 13], ti[r, 14] = groups, bias.ctypes.data, bias.size, has_bias
     ti[r, 15], ti[r, 16], ti[r, 17] = act, has_lo, has_hi
+    ti[r, 18], ti[r, 19], ti[r, 20] = res.ctypes.data, res.size, has_res
     tf[r, 0], tf[r, 1], tf[r, 2], tf[r, 3] = alpha, beta, lo, hi
 
 
 @numba.njit(cache=True, nogil=True)
 def put_taps(ti, tf, r, x, phases, taps, offsets, y, n, c0, c1, grid, wq, shared, sh, sw, top, left, hq, bias,
-             has_bias, act, has_lo, has_hi, alpha, beta, lo, hi):  # pragma: no cover - compiled
+             has_bias, act, has_lo, has_hi, alpha, beta, lo, hi, res, has_res):  # pragma: no cover - compiled
     """Row r: conv_kernels.tap_planes(x, phases, taps, offsets, y, n, c0, c1, grid, wq, shared, sh, sw, top, left,
     hq, ...) with the epilogue's fields as put_bias_act's (act -1: none)."""
     ti[r, 0], ti[r, 1], ti[r, 2], ti[r, 3], ti[r, 4] = ROW_TAPS, phases.ctypes.data, *phases.shape
@@ -356,12 +363,13 @@ def put_taps(ti, tf, r, x, phases, taps, offsets, y, n, c0, c1, grid, wq, shared
     ti[r, 24], ti[r, 25], ti[r, 26], ti[r, 27], ti[r, 28] = sh, sw, top, left, hq
     ti[r, 29], ti[r, 30], ti[r, 31], ti[r, 32] = bias.ctypes.data, bias.size, has_bias, act
     ti[r, 33], ti[r, 34] = has_lo, has_hi
+    ti[r, 35], ti[r, 36], ti[r, 37] = res.ctypes.data, res.size, has_res
     tf[r, 0], tf[r, 1], tf[r, 2], tf[r, 3] = alpha, beta, lo, hi
 
 
 @numba.njit(cache=True, nogil=True)
 def put_direct(ti, tf, r, phases, w, offsets, y, b, r0, r1, wq, piece_rows, bias, has_bias, act, has_lo, has_hi,
-               alpha, beta, lo, hi):  # pragma: no cover - compiled
+               alpha, beta, lo, hi, res, has_res):  # pragma: no cover - compiled
     """Row r: conv_kernels.direct_rows(phases, w, offsets, y, b, r0, r1, wq, piece_rows, ...) with the epilogue's
     fields as put_bias_act's (act -1: none)."""
     ti[r, 0], ti[r, 1], ti[r, 2], ti[r, 3] = ROW_DIRECT, phases.ctypes.data, phases.shape[0], phases.shape[1]
@@ -370,4 +378,5 @@ def put_direct(ti, tf, r, phases, w, offsets, y, b, r0, r1, wq, piece_rows, bias
     ti[r, 12], ti[r, 13], ti[r, 14], ti[r, 15] = r0, r1, wq, piece_rows
     ti[r, 16], ti[r, 17], ti[r, 18], ti[r, 19] = bias.ctypes.data, bias.size, has_bias, act
     ti[r, 20], ti[r, 21] = has_lo, has_hi
+    ti[r, 22], ti[r, 23], ti[r, 24] = res.ctypes.data, res.size, has_res
     tf[r, 0], tf[r, 1], tf[r, 2], tf[r, 3] = alpha, beta, lo, hi

@@ -13,13 +13,14 @@ ROW_GEMM, ROW_GEMV, ROW_BIAS_ACT, ROW_TAPS, ROW_SKINNY, ROW_DIRECT = 1, 2, 3, 4,
 INT_COLUMNS, FLOAT_COLUMNS = 40, 4
 # ROW_GEMM: fn, wide, order, transa, transb, m, n, k, a, lda, b, ldb, c, ldc | alpha, beta
 # ROW_GEMV: fn, wide, order, trans, m, n, a, lda, x, incx, y, incy | alpha, beta
-# ROW_BIAS_ACT: y, B, M, N, b0, b1, r0, r1, c0, c1, groups, bias, nbias, has_bias, act, has_lo, has_hi
-#   | alpha, beta, lo, hi
+# ROW_BIAS_ACT: y, B, M, N, b0, b1, r0, r1, c0, c1, groups, bias, nbias, has_bias, act, has_lo, has_hi, res,
+#   nres, has_res | alpha, beta, lo, hi (res: the residual added after the bias)
 # ROW_TAPS: phases, N', C', L, taps, T, offsets, y, OH, OW, n, c0, c1, grid, wq, grid size, shared, O, N,
-#   x, C, H, W, sh, sw, top, left, hq, bias, nbias, has_bias, act, has_lo, has_hi | alpha, beta, lo, hi
+#   x, C, H, W, sh, sw, top, left, hq, bias, nbias, has_bias, act, has_lo, has_hi, res, nres, has_res
+#   | alpha, beta, lo, hi
 #   (phases: all images' and channels' when shared, else one channel's; act -1: no epilogue)
-# ROW_SKINNY: out, x, wt, rows, k, n, c0, c1, r0, r1, bias, nbias, has_bias, act, has_lo, has_hi
-#   | alpha, beta, lo, hi (simd.skinny_f32 over blocks of SKINNY_ROWS rows, each then given ROW_BIAS_ACT's
+# ROW_SKINNY: out, x, wt, rows, k, n, c0, c1, r0, r1, bias, nbias, has_bias, act, has_lo, has_hi, res, nres,
+#   has_res | alpha, beta, lo, hi (simd.skinny_f32 over blocks of SKINNY_ROWS rows, each then given ROW_BIAS_ACT's
 #   epilogue unless act is -1)
 # ROW_DIRECT: phases, N, L, w, O, K, offsets, y, OH, OW, b, r0, r1, wq, piece_rows, bias, nbias, has_bias, act,
-#   has_lo, has_hi | alpha, beta, lo, hi (conv_kernels.direct_rows; act -1: no epilogue)
+#   has_lo, has_hi, res, nres, has_res | alpha, beta, lo, hi (conv_kernels.direct_rows; act -1: no epilogue)

@@ -623,30 +623,35 @@ def block_edges(length: int, threads: int, block: int) -> list[int]:
 _no_epilogue: tuple | None = None
 
 
-def epilogue_fields(epilogue) -> tuple:
+def epilogue_fields(epilogue, image: int = -1, image_size: int = 0) -> tuple:
     """The fused epilogue's arguments of pool_kernels.skinny_rows and conv_kernels.tap_planes (bias, has_bias, act,
-    alpha, beta, has_lo, lo, has_hi, hi; the bias per output channel) for a conv_kernels.BiasActivation,
-    or for none (act -1)."""
+    alpha, beta, has_lo, lo, has_hi, hi, res, has_res; the bias per output channel, the residual as the output)
+    for a conv_kernels.BiasActivation, or for none (act -1). With image >= 0 the residual is that image's (of
+    image_size elements each: for kernels given one image's output)."""
     global _no_epilogue
     if epilogue is not None:
-        return epilogue.args[1:]
+        fields = epilogue.args[1:]
+        if image >= 0 and fields[-1]:
+            fields = (*fields[:-2], fields[-2][image * image_size:(image + 1) * image_size], True)
+        return fields
     if _no_epilogue is None:
         z = np.float32(0)
-        _no_epilogue = (np.zeros(1, np.float32), False, -1, z, z, False, z, False, z)
+        _no_epilogue = (np.zeros(1, np.float32), False, -1, z, z, False, z, False, z, np.zeros(1, np.float32), False)
     return _no_epilogue
 
 
 def skinny_step(steps: Steps, a: np.ndarray, b: np.ndarray, out: np.ndarray, c0: int, c1: int, r0: int, r1: int,
-                epilogue=None) -> None:
+                epilogue=None, image: int = -1) -> None:
     """A step of `steps`: out[r0:r1, c0:c1] = (a @ b) there by simd.skinny_f32 (pool_kernels.skinny_rows; 2-D
-    C-contiguous float32), then, with `epilogue` (a conv_kernels.BiasActivation of one group), its bias (per row)
-    and activation on that block, a few rows at a time while they are in cache."""
-    ep = epilogue_fields(epilogue)
+    C-contiguous float32), then, with `epilogue` (a conv_kernels.BiasActivation of one group), its bias (per row),
+    residual (image `image`'s, out being that image's output) and activation on that block, a few rows at a time
+    while they are in cache."""
+    ep = epilogue_fields(epilogue, image, out.size)
     if steps.native:
         k, ints, floats, r = steps.tables()
-        bias, has_bias, act, alpha, beta, has_lo, lo, has_hi, hi = ep
+        bias, has_bias, act, alpha, beta, has_lo, lo, has_hi, hi, res, has_res = ep
         k.put_skinny(ints, floats, r, out, a, b, c0, c1, r0, r1, bias, has_bias, act, has_lo, has_hi, alpha, beta, lo,
-                     hi)
+                     hi, res, has_res)
         steps.added()
     else:
         steps.added(partial(_kernels().skinny_rows, out.reshape(-1), a.reshape(-1), b.reshape(-1), a.shape[0],

@@ -17,8 +17,8 @@ from .infer_elementwise import (
 from .infer_integer import infer_conv_integer, infer_matmul_integer
 from .infer_nn import (
     QUANT_BLOCKS, infer_batchnorm, infer_conv, infer_conv_transpose, infer_dequant_gather, infer_dequant_matmul,
-    infer_dequantize, infer_global_pool, infer_groupnorm, infer_matmul, infer_norm_last, infer_pool, infer_random,
-    infer_sdpa,
+    infer_dequantize, infer_fused_conv, infer_global_pool, infer_groupnorm, infer_matmul, infer_norm_last, infer_pool,
+    infer_random, infer_sdpa,
 )
 from .infer_rnn import OPTIONAL as RNN_OPTIONAL
 from .infer_rnn import infer_recurrent
@@ -103,11 +103,13 @@ _reg("Conv", (2, 3), infer_conv, dict(_CONV_ATTRS))
 FUSED_CONV_ACTIVATIONS = ("Relu", "Sigmoid", "Silu", "LeakyRelu", "Clip")
 # activations FusedConv takes from a pattern of several ops (HardSwish: v * Clip(v * alpha + beta, 0, 1))
 FUSED_CONV_PATTERNS = ("HardSwish",)
-_reg("FusedConv", (2, 3), infer_conv, {**_CONV_ATTRS,
-                                       "activation": Attr("str", choices=FUSED_CONV_ACTIVATIONS + FUSED_CONV_PATTERNS),
-                                       "alpha": Attr("float", 0.01), "beta": Attr("float", 0.5),
-                                       "min": Attr("float", None, nonfinite=True),
-                                       "max": Attr("float", None, nonfinite=True)})
+# and Identity: a conv fused with the residual Add that alone reads it, no activation after (FusedConv's 4th operand)
+_reg("FusedConv", (2, 4), infer_fused_conv, {**_CONV_ATTRS,
+                                             "activation": Attr("str", choices=FUSED_CONV_ACTIVATIONS
+                                                                + FUSED_CONV_PATTERNS + ("Identity",)),
+                                             "alpha": Attr("float", 0.01), "beta": Attr("float", 0.5),
+                                             "min": Attr("float", None, nonfinite=True),
+                                             "max": Attr("float", None, nonfinite=True)})
 _reg("ConvTranspose", (2, 3), infer_conv_transpose, {**_CONV_ATTRS, "output_padding": Attr("ints", None, lo=0)})
 _POOL_ATTRS = {"kernel_shape": Attr("ints", lo=1), "strides": Attr("ints", None, lo=1),
                "pads": Attr("ints", None, lo=0),

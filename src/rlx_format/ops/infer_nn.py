@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from ..constants import QUANT_ENCODINGS
 from ..dtypes import FLOAT_DTYPES
@@ -88,6 +89,18 @@ def infer_conv(ctx: InferCtx) -> TensorType:
     sp = [_pool_out(ctx, x.shape[2 + i], w.shape[2 + i], strides[i], dil[i], pads[i], pads[i + nsp])
           for i in range(nsp)]
     return TensorType(x.dtype, (x.shape[0], w.shape[0], *sp))
+
+
+def infer_fused_conv(ctx: InferCtx) -> TensorType:
+    """Conv's rules on (x, w, b); a fourth operand, the residual added before the activation, has the output's
+    type (no broadcasting)."""
+    t = infer_conv(replace(ctx, inputs=ctx.inputs[:3]))
+    if len(ctx.inputs) == 4:
+        r = ctx.inputs[3]
+        if r.dtype != t.dtype or len(r.shape) != len(t.shape) or any(
+                isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(r.shape, t.shape)):
+            raise ctx.fail(f"residual {r.dtype}{list(r.shape)}; expected the conv's output {t.dtype}{list(t.shape)}")
+    return t
 
 
 def infer_conv_transpose(ctx: InferCtx) -> TensorType:

@@ -10,7 +10,8 @@ multiplies x by the same Sigmoid result, so the values are equal.
 Conv + activation (`fuse_conv_activation`, compile only, so baked files keep plain Conv): Conv whose only
 reader is a Relu/Sigmoid/Silu/LeakyRelu/Clip -> FusedConv(activation=...), with equal values; and
 Mul(c, Clip(c * alpha + beta, 0, 1)) over a Conv c (HardSwish as the ONNX import lowers it) -> FusedConv
-(activation=HardSwish).
+(activation=HardSwish). Add(Conv, r) (a residual block's sum; the activation that alone reads it, if any) ->
+FusedConv(x, w, b, r) (`_fuse_conv_residual`).
 """
 
 from __future__ import annotations
@@ -167,12 +168,55 @@ def _fuse_conv_hard_swish(graph: Graph, absorbed: set[str]) -> int:
     return fused
 
 
+# outputs (known dims) from which a residual Add is fused into its conv: ResNet-50's sums (100 K - 800 K values)
+# were passes through memory of their own; MobileNetV3's (4.7 K - 19 K values, in cache) cost as much fused as
+# apart (the epilogue's per-call set-up, ~3 us, against an Add of 4-10 us), and measured slower in whole forwards
+MIN_RESIDUAL_OUTPUTS = 1 << 15
+
+
+def _fuse_conv_residual(graph: Graph, absorbed: set[str]) -> int:
+    """Add(c, r) over a float32 Conv c with a bias (operands in either order, no broadcasting) of at least
+    MIN_RESIDUAL_OUTPUTS outputs, c read by nothing else -> FusedConv(x, w, b, r): with the activation that alone
+    reads the Add (a ResNet block's Relu), else activation Identity. The CPU epilogue adds the bias, then the
+    residual, then applies the activation on each output block while it is in cache (a residual Add and its Relu
+    were two passes over the whole output). IEEE addition commutes, so either operand order gives the same values
+    (a NaN's payload aside)."""
+    nodes = graph.node_map()
+    users = graph.consumers()
+    outputs = set(graph.outputs)
+    fused = 0
+    for add in graph.nodes:
+        if add.op != "Add" or len(add.inputs) != 2 or add.name in absorbed or graph.types[add.name].dtype != "f32":
+            continue
+        for c_name, r_name in ((add.inputs[0], add.inputs[1]), (add.inputs[1], add.inputs[0])):
+            conv = nodes.get(c_name)
+            if (conv is None or conv.op != "Conv" or len(conv.inputs) != 3 or conv.name in absorbed
+                    or c_name in outputs or len(users.get(c_name, [])) != 1 or r_name == c_name
+                    or not graph.types[c_name] == graph.types[r_name] == graph.types[add.name]
+                    or math.prod(d for d in graph.types[c_name].shape if isinstance(d, int)) < MIN_RESIDUAL_OUTPUTS):
+                continue
+            node, extra = add, {"activation": "Identity"}
+            readers = users.get(add.name, [])
+            act = readers[0] if len(readers) == 1 and add.name not in outputs else None
+            if (act is not None and act.op in FUSED_CONV_ACTIVATIONS and act.name not in absorbed
+                    and (act.op != "Clip" or len(act.inputs) == 1) and graph.types[act.name] == graph.types[add.name]):
+                node, extra = act, {**{k: act.attrs[k] for k in ("alpha", "min", "max") if k in act.attrs},
+                                    "activation": act.op}
+                absorbed.add(add.name)
+            node.op, node.inputs, node.attrs = "FusedConv", [*conv.inputs, r_name], {**conv.attrs, **extra}
+            absorbed.add(conv.name)
+            fused += 1
+            break
+    return fused
+
+
 def fuse_conv_activation(graph: Graph, report=None) -> Graph:
     """Conv followed by an activation that alone reads it -> one FusedConv (compile only: the CPU kernel
     adds the bias and applies the activation in one pass; every kernel gives the unfused values). Clip is
     fused when its bounds are attrs (run-time bound operands stay unfused); HardSwish from its lowered ops."""
     absorbed: set[str] = set()
     read = {i for n in graph.nodes for i in n.inputs}
+    _fuse_conv_residual(graph, absorbed)
     _fuse_conv_hard_swish(graph, absorbed)
     nodes = graph.node_map()
     users = graph.consumers()
