@@ -4,7 +4,7 @@ no clip, no peepholes, no input_forget and no sequence_lens).
 Each step was about ten numpy calls and a split GEMM hand-off, ~95 us of Python and dispatch around its 26 us GEMM
 (a 2-layer 256-hidden LSTM at batch 8: 120 us a step against onnxruntime's 53). Here a whole direction's steps run
 in one call. The values are the generic kernel's steps, in the same float32 operations: the state times Rᵀ by
-simd.skinny_f32 (what its MatMul takes for 2-16 rows), z = x·Wᵀ + b + that, the i, o, f gates by the sigmoid loop
+the few-rows GEMM (what its MatMul takes for 2-16 rows; here simd.gather_f32 over Rᵀ's column panels), z = x·Wᵀ + b + that, the i, o, f gates by the sigmoid loop
 of ufuncs.py, c = f·c + i·tanh(zc), h = o·tanh(c); tanh is ufuncs.tanh_f32_loop (numpy's tanh on the generic path:
 they differ by an ulp or two).
 
@@ -22,14 +22,36 @@ import numpy as np
 from rlx_format.numba_setup import numba
 
 from .atomics import backoff, fetch_add, load, store
-from .simd import SKINNY_ROWS, sigmoid_f32, skinny_f32
+from .simd import SKINNY_ROWS, gather_f32, sigmoid_f32
 from .ufuncs import tanh_f32_loop
 
+PANEL = 32  # columns of Rᵀ per panel: one few-rows GEMM vector
+
+
+def pack_panels(rt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rᵀ (k, n) float32 as (panels (ceil(n / PANEL), k, PANEL), offsets (panels, k) int64): panel p holds columns
+    p*PANEL .. (p+1)*PANEL - 1 of every row, contiguous (the last zero-padded), and offsets[p, i] + col is where
+    column col of row i is in the flat panels, for col in that panel (simd.gather_f32's row offsets). A step's
+    GEMM then reads each panel as one stream: Rᵀ's rows, 4H floats apart (4 KiB and more: a page apart), left the
+    prefetchers idle (8x256 @ 256x1024: 62 GMAC/s as rows of Rᵀ, 76 as panels). The products and their order are
+    the same, so the same bits."""
+    k, n = rt.shape
+    count = -(-n // PANEL)
+    panels = np.zeros((count, k, PANEL), np.float32)
+    padded = np.zeros((k, count * PANEL), np.float32)
+    padded[:, :n] = rt
+    panels[:] = padded.reshape(k, count, PANEL).transpose(1, 0, 2)
+    p = np.arange(count, dtype=np.int64)[:, None]
+    offsets = p * k * PANEL + np.arange(k, dtype=np.int64)[None, :] * PANEL - p * PANEL
+    return panels, np.ascontiguousarray(offsets)
+
+
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def lstm_steps(xw, rt, hbuf, c, out, d, reverse, exp_terms, tanh_terms, sync, block):  # pragma: no cover - compiled
+def lstm_steps(xw, panels, offsets, hbuf, c, out, d, reverse, exp_terms, tanh_terms, sync,
+               block):  # pragma: no cover - compiled
     """One direction of an LSTM, or this thread's share of it. xw (seq, batch, 4H) float32, C-contiguous: each
-    step's input projection with both biases added; rt (H, 4H) float32, C-contiguous: this direction's Rᵀ (gate
-    order i, o, f, c); hbuf (2, batch, H) float32: hbuf[0] holds the initial h, and the final h ends in hbuf[seq %
+    step's input projection with both biases added; panels, offsets: this direction's Rᵀ (H, 4H) (gate order i,
+    o, f, c) in column panels (pack_panels); hbuf (2, batch, H) float32: hbuf[0] holds the initial h, and the final h ends in hbuf[seq %
     2]; c (batch, H) float32, C-contiguous: the initial c, left holding the final one; out (seq + 2, dirs, batch, H):
     Y[t, d] written for every step t (reverse: from the last); sync: 1 + 2 * seq zeroed int64 words shared by the
     threads (the step in progress, then each step's blocks taken, then its blocks finished); block: hidden units
@@ -42,7 +64,7 @@ def lstm_steps(xw, rt, hbuf, c, out, d, reverse, exp_terms, tanh_terms, sync, bl
     act = np.empty(3 * batch * block, np.float32)  # sigmoid of the block's i, o, f pre-activations
     tcand = np.empty(batch * block, np.float32)  # tanh of its candidates'
     tc = np.empty(batch * block, np.float32)  # tanh of its new c
-    rtf = rt.reshape(-1)
+    pf = panels.reshape(-1)
     while True:
         s = load(sync, 0)
         if s >= seq:
@@ -58,10 +80,15 @@ def lstm_steps(xw, rt, hbuf, c, out, d, reverse, exp_terms, tanh_terms, sync, bl
         w = min(hid, j0 + block) - j0
         t = seq - 1 - s if reverse else s
         hin, hout = hbuf[s % 2].reshape(-1), hbuf[(s + 1) % 2].reshape(-1)
-        for g in range(4):  # the block's columns of each gate: h times Rᵀ
-            for r0 in range(0, batch, SKINNY_ROWS):
-                skinny_f32(z[r0 * g4:], hin[r0 * hid:], rtf, min(batch - r0, SKINNY_ROWS), hid, g4, g * hid + j0,
-                           g * hid + j0 + w)
+        for g in range(4):  # the block's columns of each gate: h times Rᵀ, a panel's columns at a time
+            col, end = g * hid + j0, g * hid + j0 + w
+            while col < end:
+                p = col // PANEL
+                stop = min(end, (p + 1) * PANEL)
+                for r0 in range(0, batch, SKINNY_ROWS):
+                    gather_f32(z[r0 * g4:], hin[r0 * hid:], pf, offsets[p], min(batch - r0, SKINNY_ROWS), hid, g4,
+                               col, stop)
+                col = stop
         xt = xw[t].reshape(-1)
         for b in range(batch):
             for g in range(4):

@@ -147,15 +147,17 @@ _MIN_STEP_SPLIT = 1 << 18  # multiply-adds of a step's state times Rᵀ from whi
 
 
 def _transposed_weight(a: dict, r, d: int):
-    """Rᵀ of direction d, C-contiguous: made once per plan step and weight (the steps' attrs are their own), not
-    per forward (a 1 MiB copy per layer of the LSTM benchmark model)."""
+    """Rᵀ of direction d in column panels (recurrent_kernels.pack_panels: (panels, offsets)): made once per plan
+    step and weight (the steps' attrs are their own), not per forward (a 1 MiB copy per layer of the LSTM
+    benchmark model)."""
+    from ..recurrent_kernels import pack_panels
     cached = a.get("_rt")
     if cached is None or cached[0] is not r:
-        cached = a["_rt"] = (r, [np.ascontiguousarray(r[k].T) for k in range(r.shape[0])])
+        cached = a["_rt"] = (r, [pack_panels(np.ascontiguousarray(r[k].T, np.float32)) for k in range(r.shape[0])])
     return cached[1][d]
 
 
-def _lstm_direction(xw, rt, ht, ct, out, d: int, reverse: bool) -> None:
+def _lstm_direction(xw, packed, ht, ct, out, d: int, reverse: bool) -> None:
     """One direction's steps by the numba kernel, each step's hidden units in blocks over the forward's threads;
     its final h and c go to out's last two rows."""
     from ..recurrent_kernels import lstm_steps
@@ -170,7 +172,7 @@ def _lstm_direction(xw, rt, ht, ct, out, d: int, reverse: bool) -> None:
     hbuf[0] = ht
     c = np.array(ct, np.float32, order="C")  # a fresh copy: the kernel updates it in place
     sync = np.zeros(1 + 2 * seq, np.int64)
-    args = (np.ascontiguousarray(xw), rt, hbuf, c, out, d, reverse, EXP_TERMS, TANH_TERMS, sync, block)
+    args = (np.ascontiguousarray(xw), *packed, hbuf, c, out, d, reverse, EXP_TERMS, TANH_TERMS, sync, block)
     # one chunk per block, each the steps' shared loop (Python jobs: each thread takes the GIL once per call,
     # then runs every step without it)
     run_chunks(-(-hid // block), lambda _: lstm_steps(*args))
