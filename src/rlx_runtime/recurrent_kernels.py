@@ -4,9 +4,9 @@ no clip, no peepholes, no input_forget and no sequence_lens).
 Each step was about ten numpy calls and a split GEMM hand-off, ~95 us of Python and dispatch around its 26 us GEMM
 (a 2-layer 256-hidden LSTM at batch 8: 120 us a step against onnxruntime's 53). Here a whole direction's steps run
 in one call. The values are the generic kernel's steps, in the same float32 operations: the state times Rᵀ by
-the few-rows GEMM (what its MatMul takes for 2-16 rows; here simd.gather_f32 over Rᵀ's column panels), z = x·Wᵀ + b + that, the i, o, f gates by the sigmoid loop
-of ufuncs.py, c = f·c + i·tanh(zc), h = o·tanh(c); tanh is ufuncs.tanh_f32_loop (numpy's tanh on the generic path:
-they differ by an ulp or two).
+the few-rows GEMM (what its MatMul takes for 2-16 rows; here simd.gather_f32 over Rᵀ's column panels), z = x·Wᵀ
++ b + that, the i, o, f gates by the sigmoid loop of ufuncs.py, c = f·c + i·tanh(zc), h = o·tanh(c); tanh is
+ufuncs.tanh_f32_loop (numpy's tanh on the generic path: they differ by an ulp or two).
 
 Threads: each step's hidden units are split into blocks; every thread that runs lstm_steps on the same arguments
 (the forward's threads, as chunks of one native job: threads.py) takes the current step's blocks one at a time from
@@ -51,8 +51,8 @@ def lstm_steps(xw, panels, offsets, hbuf, c, out, d, reverse, exp_terms, tanh_te
                block):  # pragma: no cover - compiled
     """One direction of an LSTM, or this thread's share of it. xw (seq, batch, 4H) float32, C-contiguous: each
     step's input projection with both biases added; panels, offsets: this direction's Rᵀ (H, 4H) (gate order i,
-    o, f, c) in column panels (pack_panels); hbuf (2, batch, H) float32: hbuf[0] holds the initial h, and the final h ends in hbuf[seq %
-    2]; c (batch, H) float32, C-contiguous: the initial c, left holding the final one; out (seq + 2, dirs, batch, H):
+    o, f, c) in column panels (pack_panels); hbuf (2, batch, H) float32: hbuf[0] holds the initial h, and the
+    final h ends in hbuf[seq % 2]; c (batch, H) float32, C-contiguous: the initial c, left holding the final one; out (seq + 2, dirs, batch, H):
     Y[t, d] written for every step t (reverse: from the last); sync: 1 + 2 * seq zeroed int64 words shared by the
     threads (the step in progress, then each step's blocks taken, then its blocks finished); block: hidden units
     per block."""
