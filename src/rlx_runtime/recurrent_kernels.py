@@ -52,10 +52,10 @@ def lstm_steps(xw, panels, offsets, hbuf, c, out, d, reverse, exp_terms, tanh_te
     """One direction of an LSTM, or this thread's share of it. xw (seq, batch, 4H) float32, C-contiguous: each
     step's input projection with both biases added; panels, offsets: this direction's Rᵀ (H, 4H) (gate order i,
     o, f, c) in column panels (pack_panels); hbuf (2, batch, H) float32: hbuf[0] holds the initial h, and the
-    final h ends in hbuf[seq % 2]; c (batch, H) float32, C-contiguous: the initial c, left holding the final one; out (seq + 2, dirs, batch, H):
-    Y[t, d] written for every step t (reverse: from the last); sync: 1 + 2 * seq zeroed int64 words shared by the
-    threads (the step in progress, then each step's blocks taken, then its blocks finished); block: hidden units
-    per block."""
+    final h ends in hbuf[seq % 2]; c (batch, H) float32, C-contiguous: the initial c, left holding the final one;
+    out (seq + 2, dirs, batch, H): Y[t, d] written for every step t (reverse: from the last); sync: 1 + 2 * seq
+    zeroed int64 words shared by the threads (the step in progress, then each step's blocks taken, then its blocks
+    finished); block: hidden units per block."""
     seq, batch, g4 = xw.shape
     hid = g4 // 4
     parts = -(-hid // block)
