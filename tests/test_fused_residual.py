@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
-import rlx_runtime.passes.pipeline as pipeline
+from test_conv_paths import _count_calls
+from test_fused_conv import _ops, _unfused
+
 from rlx_format import GraphBuilder
 from rlx_format.errors import GraphError
 from rlx_runtime import Session, conv_direct, conv_pointwise, conv_shifted, conv_taps, threads
@@ -74,23 +76,6 @@ def _specials(shape, every: int = 23):
     flat[9::every + 8] = -np.inf
     flat[2::every + 14] = -0.0
     return v
-
-
-def _unfused(graph, monkeypatch):
-    with monkeypatch.context() as m:
-        m.setattr(pipeline, "FUSE_CONV", pipeline.Pass("fuse_conv", lambda g, ctx: pipeline.PassResult(g, False)))
-        return Session().compile(graph)
-
-
-def _ops(compiled):
-    return sorted(n.op for n in compiled.graph.nodes)
-
-
-def _count_calls(monkeypatch, module, name: str) -> list:
-    calls = []
-    real = getattr(module, name)
-    monkeypatch.setattr(module, name, lambda *a, **k: calls.append(1) or real(*a, **k))
-    return calls
 
 
 def _direct(m):
