@@ -412,6 +412,7 @@ DIRECT = CASES + [
     ((1, 2, 11, 11), (8, 2, 3, 3), {"pads": [2, 1, 2, 1], "strides": [2, 2], "dilations": [2, 3]}),
     ((1, 40, 12, 12), (20, 40, 3, 3), {"pads": [1, 1, 1, 1]}),  # 20 outputs: two blocks of 8 and a rest of 4
     ((2, 16, 10, 12), (44, 16, 3, 3), {"pads": [1, 1, 1, 1]}),  # split over two threads: channels 0-15, 16-43
+    ((1, 6, 33, 20), (10, 6, 3, 3), {"pads": [1, 1, 1, 1]}),  # 33 output rows: two threads take rows 0-15, 16-32
 ]
 
 
@@ -454,8 +455,8 @@ def test_direct_convs_match_onnxruntime_and_sum_each_output_in_order(xs, ws, att
 def test_direct_convs_in_pieces_give_the_same_bits(piece_bytes, direct_calls, monkeypatch):
     """conv_direct.PIECE_BYTES cuts the grid into pieces of rows (each computed by every 8-channel block in
     turn): one row a piece, or for the 40-channel 3x3 case (grid rows of 4 x 40 x 14 bytes) pieces of 5, 5 and 2
-    rows. The pieces change where the work goes, never a value."""
-    for xs, ws, attrs in (DIRECT[-2], DIRECT[-6], DIRECT[-1]):
+    rows (and pieces within each thread's band of rows). The pieces change where the work goes, never a value."""
+    for xs, ws, attrs in (DIRECT[-3], DIRECT[-7], DIRECT[-2], DIRECT[-1]):
         w = RNG.standard_normal(ws).astype(np.float32)
         x = RNG.standard_normal(xs).astype(np.float32)
         compiled = Session().compile(_rlx_conv(xs, w, RNG.standard_normal(ws[0]).astype(np.float32), attrs, "Relu"))
@@ -470,11 +471,15 @@ def test_direct_convs_in_pieces_give_the_same_bits(piece_bytes, direct_calls, mo
 @pytest.mark.parametrize("act", ["Relu", "Sigmoid", "Silu", "LeakyRelu"])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_direct_fused_equals_unfused(act, threads, direct_calls, split_small, monkeypatch):
-    xs, ws, attrs = DIRECT[-2]
+    xs, ws, attrs = DIRECT[-3]
     w = RNG.standard_normal(ws).astype(np.float32)
     b = RNG.standard_normal(ws[0]).astype(np.float32)
     _assert_fused_gives_the_unfused_bits(_rlx_conv(xs, w, b, attrs, act), xs, threads, monkeypatch)
-    xs, ws, attrs = DIRECT[-1]  # and split over the threads
+    xs, ws, attrs = DIRECT[-2]  # and split over the threads (by channels, then by rows)
+    w = RNG.standard_normal(ws).astype(np.float32)
+    b = RNG.standard_normal(ws[0]).astype(np.float32)
+    _assert_fused_gives_the_unfused_bits(_rlx_conv(xs, w, b, attrs, act), xs, threads, monkeypatch)
+    xs, ws, attrs = DIRECT[-1]
     w = RNG.standard_normal(ws).astype(np.float32)
     b = RNG.standard_normal(ws[0]).astype(np.float32)
     _assert_fused_gives_the_unfused_bits(_rlx_conv(xs, w, b, attrs, act), xs, threads, monkeypatch)

@@ -132,6 +132,7 @@ PATHS = [
     ("direct", _direct, (2, 16, 10, 12), (44, 16, 3, 3), {"pads": [1, 1, 1, 1]}),  # 2 threads: blocks of 8
     ("direct-strided", _direct, (1, 6, 13, 11), (10, 6, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
     ("direct-pieces", _direct_in_pieces, (2, 16, 10, 12), (20, 16, 3, 3), {"pads": [1, 1, 1, 1]}),
+    ("direct-row-bands", _direct_in_pieces, (2, 6, 33, 20), (10, 6, 3, 3), {"pads": [1, 1, 1, 1]}),  # 2 threads
     ("dense-taps", _dense_taps, (2, 3, 17, 15), (16, 3, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
     ("depthwise", _depthwise, (2, 12, 11, 13), (12, 1, 3, 3), {"pads": [1, 1, 1, 1], "group": 12}),
     ("shifted", _shifted, (2, 5, 9, 11), (6, 5, 3, 3), {"pads": [1, 1, 1, 1]}),

@@ -10,13 +10,14 @@ passes of 4 x 16 on AVX2), each view's vector feeding a multiply-add per channel
 (channel, ky, kx) (conv_kernels.direct_rows). The epilogue of a FusedConv runs on each block while it is in cache.
 
 Each output is its products added by fma in (channel, ky, kx) order from 0.0: the same bits on every CPU, and
-at any thread count (threads split the output channels in blocks of 8). Conv and FusedConv take this path
-alike, so a fused conv still gives the unfused ops' values.
+at any thread count (threads split the output rows in bands, or the output channels in blocks of 8). Conv and
+FusedConv take this path alike, so a fused conv still gives the unfused ops' values.
 """
 
 from __future__ import annotations
 
 import functools
+from itertools import pairwise
 
 import numpy as np
 
@@ -29,6 +30,10 @@ PIECE_COLUMNS = 1024
 # the kernel's extra rows): a stride-2 conv reads 4 phases a channel, so 1024 columns of ResNet-50's 128->128
 # 3x3/2 conv at 56x56 spanned all 1.8 MB of its phases (34 GMAC/s at 1 thread), 7 rows of them 46 GMAC/s
 PIECE_BYTES = 512 << 10
+# split over threads by bands of output rows when each band gets at least this many rows, else by blocks of 8
+# output channels. Measured at 2 threads (A/B per conv, Emerald Rapids), rows against channels: YOLO-like's and
+# ResNet-50's convs with 28-160 output rows 0.81-0.94x the time; 256->256 3x3 at 14x14 1.13x
+MIN_BAND_ROWS = 8
 # the largest inner dimension (channels x kernel) taken: a weight row of the 8-channel block is read for every
 # 32-column vector, and the input views of a piece must fit in L2
 MAX_INNER = 4608
@@ -70,24 +75,30 @@ def direct2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp, epilogue=
     piece_rows = max(1, min(oh, PIECE_COLUMNS // wq, PIECE_BYTES // row_bytes - (kh - 1) * dh // sh))
     ep = threads.epilogue_fields(epilogue)
     nthreads = threads.threads_for(n * o * wk.shape[1] * oh * wq)
-    edges = threads.block_edges(o, nthreads, simd.SKINNY_ROWS)
-    if len(edges) == 2:  # one chunk: the calls themselves
+    # chunks: bands of output rows, each thread reading only its band's phases (by blocks of output channels each
+    # thread streamed all of them: YOLO-like's 16->32 3x3/2 at 160x160 was slower at 2 threads than at 1), unless
+    # the bands would be short
+    if oh >= MIN_BAND_ROWS * nthreads:
+        chunks = [(0, o, g0, g1) for g0, g1 in pairwise(threads.chunk_edges(oh, nthreads, MIN_BAND_ROWS))]
+    else:
+        chunks = [(r0, r1, 0, oh) for r0, r1 in pairwise(threads.block_edges(o, nthreads, simd.SKINNY_ROWS))]
+    if len(chunks) == 1:  # one chunk: the calls themselves
         for b in range(n):
-            ck.direct_rows(phases, wk, offsets, y, b, 0, o, wq, piece_rows, *ep)
+            ck.direct_rows(phases, wk, offsets, y, b, 0, o, 0, oh, wq, piece_rows, *ep)
         return y
     bias, has_bias, act, alpha, beta, has_lo, lo, has_hi, hi, res, has_res = ep
-    with threads.Steps(n * (len(edges) - 1), True) as steps:
+    with threads.Steps(n * len(chunks), True) as steps:
         steps.keep += (phases, wk, offsets, y, ep)  # the rows hold only their addresses
-        for r0, r1 in zip(edges, edges[1:]):
+        for r0, r1, g0, g1 in chunks:
             for b in range(n):
                 if steps.native:
                     k, ints, floats, r = steps.tables()
-                    k.put_direct(ints, floats, r, phases, wk, offsets, y, b, r0, r1, wq, piece_rows, bias, has_bias,
-                                 act, has_lo, has_hi, alpha, beta, lo, hi, res, has_res)
+                    k.put_direct(ints, floats, r, phases, wk, offsets, y, b, r0, r1, g0, g1, wq, piece_rows, bias,
+                                 has_bias, act, has_lo, has_hi, alpha, beta, lo, hi, res, has_res)
                     steps.added()
                 else:
-                    steps.added(functools.partial(ck.direct_rows, phases, wk, offsets, y, b, r0, r1, wq, piece_rows,
-                                                  *ep))
+                    steps.added(functools.partial(ck.direct_rows, phases, wk, offsets, y, b, r0, r1, g0, g1, wq,
+                                                  piece_rows, *ep))
             steps.end_chunk()
         steps.run()
     return y

@@ -201,9 +201,10 @@ def tap_planes(x, phases, taps, offsets, y, n, c0, c1, grid, wq, shared, sh, sw,
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def direct_rows(phases, w, offsets, y, b, r0, r1, wq, piece_rows, bias, has_bias, act, alpha, beta, has_lo, lo, has_hi,
-                hi, res, has_res):  # pragma: no cover - compiled
-    """y (N, O, OH, OW) float32 for image b, output channels r0..r1: a dense conv computed on the phases' grid
+def direct_rows(phases, w, offsets, y, b, r0, r1, g_lo, g_hi, wq, piece_rows, bias, has_bias, act, alpha, beta, has_lo,
+                lo, has_hi, hi, res, has_res):  # pragma: no cover - compiled
+    """y (N, O, OH, OW) float32 for image b, output channels r0..r1, output rows g_lo..g_hi: a dense conv computed
+    on the phases' grid
     (conv_direct.py). phases (N, L): image b's stride phases of every input channel, flat (fill_phases); w (O, K)
     with K = channels x kernel in (c, ky, kx) order; offsets (K,): where each of those reads, relative to a grid
     position. piece_rows grid rows at a time (their columns stay in cache), SKINNY_ROWS output channels at a time
@@ -215,8 +216,8 @@ def direct_rows(phases, w, offsets, y, b, r0, r1, wq, piece_rows, bias, has_bias
     image_res = res[b * out.size:] if has_res else res
     piece = piece_rows * wq
     scratch = np.empty(SKINNY_ROWS * piece, np.float32)
-    for g0 in range(0, oh, piece_rows):
-        g1 = min(oh, g0 + piece_rows)
+    for g0 in range(g_lo, g_hi, piece_rows):
+        g1 = min(g_hi, g0 + piece_rows)
         cols = (g1 - g0) * wq
         for j0 in range(r0, r1, SKINNY_ROWS):
             j1 = min(r1, j0 + SKINNY_ROWS)

@@ -137,7 +137,8 @@ def _run_row(ti, tf, r):  # pragma: no cover - compiled
         y = numba.carray(_f32_at(ti[r, 8]), (ti[r, 2], ti[r, 5], ti[r, 9], ti[r, 10]))
         bias = numba.carray(_f32_at(ti[r, 16]), (ti[r, 17],))
         res = numba.carray(_f32_at(ti[r, 22]), (ti[r, 23],))
-        direct_rows(phases, w, offsets, y, ti[r, 11], ti[r, 12], ti[r, 13], ti[r, 14], ti[r, 15], bias, ti[r, 18] != 0,
+        direct_rows(phases, w, offsets, y, ti[r, 11], ti[r, 12], ti[r, 13], ti[r, 25], ti[r, 26], ti[r, 14], ti[r, 15],
+                    bias, ti[r, 18] != 0,
                     ti[r, 19], np.float32(tf[r, 0]), np.float32(tf[r, 1]), ti[r, 20] != 0, np.float32(tf[r, 2]),
                     ti[r, 21] != 0, np.float32(tf[r, 3]), res, ti[r, 24] != 0)
     elif kind == ROW_SKINNY:
@@ -368,10 +369,10 @@ def put_taps(ti, tf, r, x, phases, taps, offsets, y, n, c0, c1, grid, wq, shared
 
 
 @numba.njit(cache=True, nogil=True)
-def put_direct(ti, tf, r, phases, w, offsets, y, b, r0, r1, wq, piece_rows, bias, has_bias, act, has_lo, has_hi,
-               alpha, beta, lo, hi, res, has_res):  # pragma: no cover - compiled
-    """Row r: conv_kernels.direct_rows(phases, w, offsets, y, b, r0, r1, wq, piece_rows, ...) with the epilogue's
-    fields as put_bias_act's (act -1: none)."""
+def put_direct(ti, tf, r, phases, w, offsets, y, b, r0, r1, g_lo, g_hi, wq, piece_rows, bias, has_bias, act, has_lo,
+               has_hi, alpha, beta, lo, hi, res, has_res):  # pragma: no cover - compiled
+    """Row r: conv_kernels.direct_rows(phases, w, offsets, y, b, r0, r1, g_lo, g_hi, wq, piece_rows, ...) with the
+    epilogue's fields as put_bias_act's (act -1: none)."""
     ti[r, 0], ti[r, 1], ti[r, 2], ti[r, 3] = ROW_DIRECT, phases.ctypes.data, phases.shape[0], phases.shape[1]
     ti[r, 4], ti[r, 5], ti[r, 6], ti[r, 7] = w.ctypes.data, w.shape[0], w.shape[1], offsets.ctypes.data
     ti[r, 8], ti[r, 9], ti[r, 10], ti[r, 11] = y.ctypes.data, y.shape[2], y.shape[3], b
@@ -379,4 +380,5 @@ def put_direct(ti, tf, r, phases, w, offsets, y, b, r0, r1, wq, piece_rows, bias
     ti[r, 16], ti[r, 17], ti[r, 18], ti[r, 19] = bias.ctypes.data, bias.size, has_bias, act
     ti[r, 20], ti[r, 21] = has_lo, has_hi
     ti[r, 22], ti[r, 23], ti[r, 24] = res.ctypes.data, res.size, has_res
+    ti[r, 25], ti[r, 26] = g_lo, g_hi
     tf[r, 0], tf[r, 1], tf[r, 2], tf[r, 3] = alpha, beta, lo, hi

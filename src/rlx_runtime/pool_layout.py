@@ -23,4 +23,5 @@ INT_COLUMNS, FLOAT_COLUMNS = 40, 4
 #   has_res | alpha, beta, lo, hi (simd.skinny_f32 over blocks of SKINNY_ROWS rows, each then given ROW_BIAS_ACT's
 #   epilogue unless act is -1)
 # ROW_DIRECT: phases, N, L, w, O, K, offsets, y, OH, OW, b, r0, r1, wq, piece_rows, bias, nbias, has_bias, act,
-#   has_lo, has_hi, res, nres, has_res | alpha, beta, lo, hi (conv_kernels.direct_rows; act -1: no epilogue)
+#   has_lo, has_hi, res, nres, has_res, g_lo, g_hi | alpha, beta, lo, hi (conv_kernels.direct_rows; act -1: no
+#   epilogue)
