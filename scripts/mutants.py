@@ -266,7 +266,7 @@ MUTANTS = [
              "builder.sub(builder.shl(ir.Constant(ity, 1), builder.sub(n, ir.Constant(ity, 1))),"),),
            ("test_simd_kernels.py", "test_pools.py")),
     Mutant("direct_piece_one_row_short", "a direct conv's pieces of grid rows cover every output row",
-           (("rlx_runtime/conv_kernels.py", "g1 = min(oh, g0 + piece_rows)", "g1 = min(oh, g0 + piece_rows - 1)"),),
+           (("rlx_runtime/conv_kernels.py", "g1 = min(g_hi, g0 + piece_rows)", "g1 = min(g_hi, g0 + piece_rows - 1)"),),
            ("test_conv_paths.py",)),
     Mutant("residual_added_before_the_bias", "a fused residual is added to the biased sum, each sum rounded",
            (("rlx_runtime/conv_kernels.py", "row[i] = (row[i] + bv) + added[i]", "row[i] = row[i] + (bv + added[i])"),),
