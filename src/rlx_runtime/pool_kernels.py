@@ -138,9 +138,8 @@ def _run_row(ti, tf, r):  # pragma: no cover - compiled
         bias = numba.carray(_f32_at(ti[r, 16]), (ti[r, 17],))
         res = numba.carray(_f32_at(ti[r, 22]), (ti[r, 23],))
         direct_rows(phases, w, offsets, y, ti[r, 11], ti[r, 12], ti[r, 13], ti[r, 25], ti[r, 26], ti[r, 14], ti[r, 15],
-                    bias, ti[r, 18] != 0,
-                    ti[r, 19], np.float32(tf[r, 0]), np.float32(tf[r, 1]), ti[r, 20] != 0, np.float32(tf[r, 2]),
-                    ti[r, 21] != 0, np.float32(tf[r, 3]), res, ti[r, 24] != 0)
+                    bias, ti[r, 18] != 0, ti[r, 19], np.float32(tf[r, 0]), np.float32(tf[r, 1]), ti[r, 20] != 0,
+                    np.float32(tf[r, 2]), ti[r, 21] != 0, np.float32(tf[r, 3]), res, ti[r, 24] != 0)
     elif kind == ROW_SKINNY:
         rows, k, n = ti[r, 4], ti[r, 5], ti[r, 6]
         out = numba.carray(_f32_at(ti[r, 1]), (rows * n,))

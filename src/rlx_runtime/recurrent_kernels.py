@@ -4,8 +4,8 @@ no clip, no peepholes, no input_forget and no sequence_lens).
 Each step was about ten numpy calls and a split GEMM hand-off, ~95 us of Python and dispatch around its 26 us GEMM
 (a 2-layer 256-hidden LSTM at batch 8: 120 us a step against onnxruntime's 53). Here a whole direction's steps run
 in one call. The values are the generic kernel's steps, in the same float32 operations: the state times Rᵀ by
-the few-rows GEMM (what its MatMul takes for 2-16 rows; here simd.gather_f32 over Rᵀ's column panels), z = x·Wᵀ
-+ b + that, the i, o, f gates by the sigmoid loop of ufuncs.py, c = f·c + i·tanh(zc), h = o·tanh(c); tanh is
+the few-rows GEMM (what its MatMul takes for 2-16 rows; here simd.gather_f32 over Rᵀ's column panels),
+z = x·Wᵀ + b + that, the i, o, f gates by simd.sigmoid_f32, c = f·c + i·tanh(zc), h = o·tanh(c); tanh is
 ufuncs.tanh_f32_loop (numpy's tanh on the generic path: they differ by an ulp or two).
 
 Threads: each step's hidden units are split into blocks; every thread that runs lstm_steps on the same arguments
@@ -37,10 +37,9 @@ def pack_panels(rt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     the same, so the same bits."""
     k, n = rt.shape
     count = -(-n // PANEL)
-    panels = np.zeros((count, k, PANEL), np.float32)
     padded = np.zeros((k, count * PANEL), np.float32)
     padded[:, :n] = rt
-    panels[:] = padded.reshape(k, count, PANEL).transpose(1, 0, 2)
+    panels = np.ascontiguousarray(padded.reshape(k, count, PANEL).transpose(1, 0, 2))
     p = np.arange(count, dtype=np.int64)[:, None]
     offsets = p * k * PANEL + np.arange(k, dtype=np.int64)[None, :] * PANEL - p * PANEL
     return panels, np.ascontiguousarray(offsets)

@@ -572,18 +572,19 @@ def copy_intrinsic(masked_tail: bool, combine=None):
     do) or with vectors of 8 and then single elements (AVX2's masked stores are slow: a 56-float row took 21 ns
     with a masked tail on Zen 3, 2.7 ns for a 32-float row without one). With `combine` (builder, old, new) ->
     value, each element stored is combine(dst's element, the source's) instead of the source's (max_fold_f32)."""
-    def put(builder, value, at_ptr, mask=None):
-        """Store value (a vector or scalar) at at_ptr, combined with what is there (only mask's lanes)."""
+    def put(builder, value, base, k, mask=None):
+        """Store value (a vector or scalar) at element k of base, combined with what is there (only mask's
+        lanes)."""
         if combine is not None:
             if mask is not None:
-                old = _masked(builder, "load", value.type, at_ptr, mask)
+                old = _masked(builder, "load", value.type, builder.gep(base, [k]), mask)
             else:
-                old = builder.load(builder.bitcast(at_ptr, value.type.as_pointer()), align=1)
+                old = _load_vec(builder, base, k, value.type)
             value = combine(builder, old, value)
         if mask is not None:
-            _masked(builder, "store", value.type, at_ptr, mask, value)
+            _masked(builder, "store", value.type, builder.gep(base, [k]), mask, value)
         else:
-            builder.store(value, builder.bitcast(at_ptr, value.type.as_pointer()), align=1)
+            _store_vec(builder, value, base, k)
 
     @intrinsic
     def copy_f32(typingctx, dst, at, src, start, count, step):
@@ -611,7 +612,7 @@ def copy_intrinsic(masked_tail: bool, combine=None):
                     else:
                         v = _load_vec(builder, sp, builder.mul(k, two), wide)
                         v = builder.shuffle_vector(v, v, evens)
-                    put(builder, v, builder.gep(dp, [k]))
+                    put(builder, v, dp, k)
                     builder.store(builder.add(k, lanes), i)
 
                 _while(builder, lambda: builder.icmp_signed(">=" if dense else ">", builder.sub(n, builder.load(i)),
@@ -629,13 +630,13 @@ def copy_intrinsic(masked_tail: bool, combine=None):
                                     builder.gep(sp, [builder.mul(k, two)]), _first_lanes(builder, need, 2 * LANES))
                         v = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, LANES),
                                                                      list(range(0, 2 * LANES, 2))))
-                    put(builder, v, builder.gep(dp, [k]), _first_lanes(builder, left, LANES))
+                    put(builder, v, dp, k, _first_lanes(builder, left, LANES))
                     builder.store(n, i)
 
             def elements():
                 def body():
                     k = builder.load(i)
-                    put(builder, builder.load(builder.gep(sp, [builder.mul(k, stp)])), builder.gep(dp, [k]))
+                    put(builder, builder.load(builder.gep(sp, [builder.mul(k, stp)])), dp, k)
                     builder.store(builder.add(k, one), i)
                 _while(builder, lambda: builder.icmp_signed("<", builder.load(i), n), body)
 

@@ -241,8 +241,8 @@ def _exp_neg(a, p0, p1, p2, p3, p4, p5):  # pragma: no cover - compiled
 
 # float32 tanh in float32 arithmetic, for the recurrent kernels' gates (recurrent_kernels.py; the Tanh op itself
 # is numpy's): one fixed sequence of IEEE operations, so every CPU gives the same bits. |x| < 0.625: Cephes
-# tanhf's odd polynomial a + a^3 P(a^2); above, (1 - e) / (1 + e) with e = exp(-2|x|) by the
-# exponential above (2|x| is exact; no cancellation: e <= exp(-1.25)); the sign copied back (so -0 stays -0), NaN kept.
+# tanhf's odd polynomial a + a^3 P(a^2); above, (1 - e) / (1 + e) with e = exp(-2|x|) by the exponential above
+# (2|x| is exact; no cancellation: e <= exp(-1.25)); the sign copied back (so -0 stays -0), NaN kept.
 # Checked over every float32 in [-20, 20]: at most TANH_ULPS ulp from the correctly rounded tanh.
 TANH_TERMS = np.array([-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1,
                        -3.33332819422e-1], np.float32)  # P's coefficients, highest power first (Cephes tanhf)
