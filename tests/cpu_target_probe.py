@@ -99,7 +99,7 @@ def compute() -> dict[str, np.ndarray]:
                 y[None], 0, 1, 0, 4, 0, y.shape[1])
             out[f"fused_conv/{act}"] = y
         r = np.random.default_rng(10)
-        for k, stride in ((3, 1), (3, 2), (5, 1)):  # the depthwise kernel: taps summed in order, no fma
+        for k, stride in ((3, 1), (3, 2), (5, 1)):  # the depthwise kernel: taps added by fma in order
             xc = r.standard_normal((1, 12, 19, 23)).astype(np.float32)
             xc.reshape(-1)[::31] = np.nan
             wc = r.standard_normal((12, 1, k, k)).astype(np.float32)

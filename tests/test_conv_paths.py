@@ -17,6 +17,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from threadpoolctl import threadpool_limits
+from exact_fma import fma32
 
 import rlx_runtime.passes.pipeline as pipeline
 from rlx_format import GraphBuilder
@@ -241,8 +242,9 @@ DEPTHWISE = [
 
 
 def _assert_taps_summed_in_order(x, w, attrs) -> None:
-    """The CPU conv of x and w equals, bit for bit, its products added in (input channel, ky, kx) order from 0.0
-    in float32, written out in numpy over the zero-padded input (a depthwise conv: one channel per output)."""
+    """The CPU conv of x and w (finite) equals, bit for bit, its products added by fma in (input channel, ky, kx)
+    order from 0.0 in float32, written out in numpy over the zero-padded input (a depthwise conv: one channel per
+    output)."""
     a = {"strides": [1, 1], "dilations": [1, 1], "pads": [0, 0, 0, 0], **attrs}
     got = nn._conv_nobias_cpu(a, x, w)
     (sh, sw), (dh, dw), p = a["strides"], a["dilations"], a["pads"]
@@ -255,7 +257,7 @@ def _assert_taps_summed_in_order(x, w, attrs) -> None:
         for ky in range(w.shape[2]):
             for kx in range(w.shape[3]):
                 win = xp[:, chans, ky * dh:ky * dh + sh * (oh - 1) + 1:sh, kx * dw:kx * dw + sw * (ow - 1) + 1:sw]
-                want += w[:, c, ky, kx][None, :, None, None] * win
+                want = fma32(w[:, c, ky, kx][None, :, None, None], win, want)
     np.testing.assert_array_equal(got, want)
 
 
@@ -277,7 +279,7 @@ def test_depthwise_matches_onnxruntime(xs, k, attrs, depthwise_calls):
 
 @pytest.mark.parametrize("xs,k,attrs", DEPTHWISE[:6], ids=str)
 def test_depthwise_sums_the_taps_in_order(xs, k, attrs, depthwise_calls):
-    """Every output is the taps' products added in (ky, kx) order from 0.0, in float32: the same bits as that
+    """Every output is the taps' products added by fma in (ky, kx) order from 0.0, in float32: the same bits as that
     sum written out in numpy over the zero-padded input."""
     w, _, attrs = _depthwise(xs, k, attrs)
     _assert_taps_summed_in_order(RNG.standard_normal(xs).astype(np.float32), w, attrs)
@@ -335,7 +337,7 @@ def test_dense_taps_match_onnxruntime(xs, ws, attrs, dense_calls):
 
 @pytest.mark.parametrize("xs,ws,attrs", DENSE, ids=str)
 def test_dense_taps_sum_channels_then_taps_in_order(xs, ws, attrs, dense_calls):
-    """Every output is its products added in (channel, ky, kx) order from 0.0, in float32: the same bits as
+    """Every output is its products added by fma in (channel, ky, kx) order from 0.0, in float32: the same bits as
     that sum written out in numpy over the zero-padded input."""
     w = RNG.standard_normal(ws).astype(np.float32)
     _assert_taps_summed_in_order(RNG.standard_normal(xs).astype(np.float32), w, {"group": 1, **attrs})

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from exact_fma import fma32
 
 from rlx_format.quants import dequantize, quantize
 from rlx_runtime import quant_kernels
@@ -307,22 +308,6 @@ def test_every_register_tile_gives_the_same_bits(few_rows_by_tile, rows, k, n, c
 
 
 # ---------------------------------------------------------------- sigmoid_f32 (Sigmoid, SiLU, their conv epilogues)
-def _fma32(a, b, c) -> np.ndarray:
-    """fmaf(a, b, c) for float32 arrays of finite values, exactly: a * b is exact in float64; s = a*b + c rounds
-    there, with error err (Knuth's two-sum, exact); rounding s to float32 is then the correctly rounded result but
-    where s falls exactly halfway between two float32 values and err decides the side."""
-    p = a.astype(np.float64) * b.astype(np.float64)
-    c = np.asarray(c, np.float32).astype(np.float64)
-    s = p + c
-    v = s - p
-    err = (p - (s - v)) + (c - v)
-    r = s.astype(np.float32)
-    lo = np.where(r.astype(np.float64) <= s, r, np.nextafter(r, np.float32(-np.inf)))
-    hi = np.nextafter(lo, np.float32(np.inf))
-    tie = (s == (lo.astype(np.float64) + hi.astype(np.float64)) / 2) & (err != 0)
-    return np.where(tie, np.where(err > 0, hi, lo), r).astype(np.float32)
-
-
 def _sigmoid_steps(x: np.ndarray, silu: bool) -> np.ndarray:
     """The documented float32 steps (simd.py, above EXP_ABS_MAX) in numpy, one IEEE operation at a time (fma
     emulated exactly)."""
@@ -332,11 +317,11 @@ def _sigmoid_steps(x: np.ndarray, silu: bool) -> np.ndarray:
         n = -np.abs(x)
         n = np.where(n > -u.EXP_ABS_MAX, n, -u.EXP_ABS_MAX).astype(f)
         k = np.rint(n * u.EXP_INV_LN2).astype(f)
-        s = _fma32(k, -u.EXP_LN2_LO, _fma32(k, -u.EXP_LN2_HI, n))
+        s = fma32(k, -u.EXP_LN2_LO, fma32(k, -u.EXP_LN2_HI, n))
         p = np.full_like(s, u.EXP_TERMS[0])
         for t in u.EXP_TERMS[1:]:
-            p = _fma32(p, s, t)
-        e = _fma32(p, s * s, s) + f(1.0)
+            p = fma32(p, s, t)
+        e = fma32(p, s * s, s) + f(1.0)
         ki = k.astype(np.int32)
         k1 = np.maximum(ki, u.SCALE_MIN)
         t = e * ((k1 + 127) << 23).astype(np.int32).view(f) * (((ki - k1) + 127) << 23).astype(np.int32).view(f)
@@ -353,11 +338,11 @@ def test_fma32_is_exact_where_float64_lands_on_a_float32_midpoint():
     a = np.array([1 + 2.0 ** -23, -(1 + 2.0 ** -23)], f)
     b = np.full(2, (1 - 2.0 ** -23) * 2.0 ** -24, f)
     c = f(1 + 2.0 ** -23)
-    np.testing.assert_array_equal(_fma32(a, b, c), np.array([1 + 2.0 ** -23] * 2, f))
+    np.testing.assert_array_equal(fma32(a, b, c), np.array([1 + 2.0 ** -23] * 2, f))
     naive = (a.astype(np.float64) * b + np.float64(c)).astype(f)
-    assert not np.array_equal(naive, _fma32(a, b, c))
+    assert not np.array_equal(naive, fma32(a, b, c))
     x = R.standard_normal(1000).astype(f)  # and away from midpoints, the float64 sum rounded once
-    np.testing.assert_array_equal(_fma32(x, x[::-1], f(0.25)), (x.astype(np.float64) * x[::-1] + 0.25).astype(f))
+    np.testing.assert_array_equal(fma32(x, x[::-1], f(0.25)), (x.astype(np.float64) * x[::-1] + 0.25).astype(f))
 
 
 @pytest.fixture(scope="module")

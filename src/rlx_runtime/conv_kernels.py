@@ -160,7 +160,7 @@ def bias_activation(bias: np.ndarray | None, activation: str, alpha: float, lo: 
 # columns q::sw, all phases of a channel in one flat buffer), so every tap reads contiguously: output pixel (oy,
 # ox) of tap (ky, kx) is element (oy + ky*dh // sh) * Wq + ox + kx*dw // sw of phase (ky*dh % sh, kx*dw % sw).
 # The output is computed on a grid Wq wide, 32 pixels at a time with all taps summed in registers
-# (simd.taps_f32: in tap order, plain multiplies and adds, the same bits on every CPU); the first OW columns
+# (simd.taps_f32: in tap order, each added by fma, the same bits on every CPU); the first OW columns
 # of each grid row are kept. A depthwise conv fills one channel's phases at a time, into a scratch that stays in
 # cache between its fill, its taps and its rows' copy (all channels' phases first went through memory twice:
 # EfficientNet-B0's 96-channel 112x112 stride-2 conv wrote and read back 5 MB).
