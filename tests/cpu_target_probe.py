@@ -105,12 +105,11 @@ def compute() -> dict[str, np.ndarray]:
             wc = r.standard_normal((12, 1, k, k)).astype(np.float32)
             out[f"depthwise/{k}x{k}/s{stride}"] = _run("Conv", [xc, wc], {"group": 12, "pads": [k // 2] * 4,
                                                                           "strides": [stride, stride]}, consts=(1,))
-        # a dense stem with few weights takes the same tap kernel (channels, then taps, in order)
-        xs = r.standard_normal((1, 3, 120, 116)).astype(np.float32)  # a 60x58 output: the tap path
+        # an RGB stem (the direct path, as below), a 60x58 output
+        xs = r.standard_normal((1, 3, 120, 116)).astype(np.float32)
         xs.reshape(-1)[::29] = np.inf
         ws = r.standard_normal((16, 3, 3, 3)).astype(np.float32)
-        out["dense_taps/3x3/s2"] = _run("Conv", [xs, ws], {"group": 1, "pads": [1] * 4, "strides": [2, 2]},
-                                        consts=(1,))
+        out["stem/3x3/s2"] = _run("Conv", [xs, ws], {"group": 1, "pads": [1] * 4, "strides": [2, 2]}, consts=(1,))
         # dense convs straight from the input's phases (gather_f32: fma in (channel, ky, kx) order), stride 1 and 2,
         # 20 outputs (two 8-channel blocks and a rest), and a pointwise conv on the few-rows GEMM (a 7x7 plane: a
         # masked last vector)

@@ -116,8 +116,7 @@ def test_the_cli_starts_without_the_heavy_modules():
 
 def test_a_relu_cnn_runs_without_loading_numba():
     """numba's first load costs ~0.6 s per process; a plain Conv/Relu/pool CNN (ResNet's ops, fused or not, its
-    7x7 stem included) must not pay it on its first forward. (A stem with few weights and a large output takes
-    the numba tap kernel: conv_taps.use_dense_taps.)"""
+    7x7 stem included) must not pay it on its first forward."""
     import subprocess
     import sys
 

@@ -54,8 +54,7 @@ def split_small(monkeypatch):
 
 @pytest.fixture
 def always_shifted(monkeypatch):
-    monkeypatch.setattr(conv_taps, "MAX_DENSE_WEIGHTS", 0)  # these small convs would take the tap path first
-    monkeypatch.setattr(conv_direct, "MAX_INNER", 0)  # and, numba loaded, the direct path
+    monkeypatch.setattr(conv_direct, "MAX_INNER", 0)  # these small convs would take the direct path (numba loaded)
     monkeypatch.setattr(conv_shifted, "MIN_COLUMN_BYTES", 0)
     monkeypatch.setattr(conv_shifted, "MIN_OUT_WIDTH", 1)
     monkeypatch.setattr(conv_shifted, "WITH_NATIVE_POOL", True)  # its own 2-thread chunks are tested too
@@ -317,74 +316,6 @@ def test_which_convs_are_depthwise(ws, group, dtype, taken):
     assert conv_taps.use_depthwise(x, np.zeros(ws, dtype), group) is taken
 
 
-@pytest.fixture
-def dense_calls(monkeypatch):
-    """Every dense conv (whatever its weight count) takes the tap path; the calls are recorded."""
-    monkeypatch.setattr(conv_taps, "MAX_DENSE_WEIGHTS", 1 << 30)
-    monkeypatch.setattr(conv_taps, "MIN_DENSE_PIXELS", 1)
-    return _count_calls(monkeypatch, conv_taps, "taps2d")
-
-
-DENSE = CASES + [((2, 3, 33, 30), (16, 3, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),  # an RGB stem
-                 ((1, 3, 23, 20), (8, 3, 3, 3), {"pads": [0, 1, 2, 1], "strides": [2, 3]})]
-
-
-@pytest.mark.parametrize("xs,ws,attrs", DENSE, ids=str)
-def test_dense_taps_match_onnxruntime(xs, ws, attrs, dense_calls):
-    w = RNG.standard_normal(ws).astype(np.float32)
-    _check_against_onnxruntime(xs, w, RNG.standard_normal(ws[0]).astype(np.float32), attrs, dense_calls)
-
-
-@pytest.mark.parametrize("xs,ws,attrs", DENSE, ids=str)
-def test_dense_taps_sum_channels_then_taps_in_order(xs, ws, attrs, dense_calls):
-    """Every output is its products added by fma in (channel, ky, kx) order from 0.0, in float32: the same bits as
-    that sum written out in numpy over the zero-padded input."""
-    w = RNG.standard_normal(ws).astype(np.float32)
-    _assert_taps_summed_in_order(RNG.standard_normal(xs).astype(np.float32), w, {"group": 1, **attrs})
-    assert dense_calls
-
-
-@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
-@pytest.mark.parametrize("act", ["HardSwish", "Relu", "Silu"])
-@pytest.mark.parametrize("threads", [1, 2])
-def test_dense_taps_fused_equals_unfused(act, threads, dense_calls, split_small, monkeypatch):
-    xs, ws = (2, 3, 40, 37), (16, 3, 3, 3)
-    w, b = RNG.standard_normal(ws).astype(np.float32), RNG.standard_normal(16).astype(np.float32)
-    g = GraphBuilder("c")
-    xin = g.input("x", "f32", list(xs))
-    y = g.op("Conv", xin, g.constant(w, name="w"), g.constant(b, name="b"), name="conv", pads=[1, 1, 1, 1],
-             strides=[2, 2])
-    if act == "HardSwish":  # as the ONNX import lowers it
-        t = g.op("Clip", g.op("Add", g.op("Mul", y, g.constant(np.float32(1 / 6))), g.constant(np.float32(0.5))),
-                 min=0.0, max=1.0)
-        g.output(g.op("Mul", y, t, name="act"))
-    else:
-        g.output(g.op(act, y, name="act"))
-    _assert_fused_gives_the_unfused_bits(g.build(), xs, threads, monkeypatch)
-    assert dense_calls
-
-
-def test_dense_taps_two_threads_give_the_same_bits(dense_calls, split_small):
-    xs, ws = (2, 3, 64, 60), (24, 3, 3, 3)
-    c = Session().compile(_rlx_conv(xs, RNG.standard_normal(ws).astype(np.float32),
-                                    RNG.standard_normal(24).astype(np.float32), {"pads": [1, 1, 1, 1]}))
-    _assert_one_and_two_threads_agree(c, xs)
-    assert dense_calls
-
-
-@pytest.mark.parametrize("ws,group,dtype,out,taken", [
-    ((16, 3, 3, 3), 1, np.float32, 112, True),  # MobileNetV3's stem: 432 weights
-    ((32, 3, 3, 3), 1, np.float32, 112, False),  # EfficientNet's: 864, measured faster as im2col + GEMM
-    ((16, 3, 3, 3), 1, np.float32, 16, False),  # a small output: im2col + GEMM, without loading numba
-    ((16, 3, 1, 1), 1, np.float32, 112, False),  # 1x1: no im2col copy to save
-    ((8, 2, 3, 3), 2, np.float32, 112, False),  # grouped
-    ((16, 3, 3, 3), 1, np.float64, 112, False),
-])
-def test_which_dense_convs_take_the_tap_path(ws, group, dtype, out, taken):
-    x = np.zeros((1, 4 if group == 2 else 3, 9, 9), dtype)
-    assert conv_taps.use_dense_taps(x, np.zeros(ws, dtype), group, (out, out)) is taken
-
-
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 @pytest.mark.parametrize("xs", [(1, 144, 1, 1), (3, 24, 7, 5)], ids=str)
 @pytest.mark.parametrize("threads", [1, 2])
@@ -408,6 +339,8 @@ def test_pointwise_convs_match_onnxruntime_and_fused_equals_unfused(xs, threads,
 
 # ------------------------------------------------------ dense convs straight from the input's phases (conv_direct.py)
 DIRECT = CASES + [
+    ((2, 3, 33, 30), (16, 3, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),  # an RGB stem
+    ((1, 3, 23, 20), (8, 3, 3, 3), {"pads": [0, 1, 2, 1], "strides": [2, 3]}),
     ((2, 3, 17, 23), (12, 3, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
     ((1, 2, 9, 9), (9, 2, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}),  # a ResNet stem's shape of window
     ((1, 2, 8, 40), (17, 2, 5, 5), {"pads": [0, 2, 1, 0], "strides": [3, 2]}),
@@ -421,8 +354,17 @@ DIRECT = CASES + [
 @pytest.fixture
 def direct_calls(monkeypatch):
     from rlx_format.numba_setup import numba  # noqa: F401 - the path is taken once numba is loaded
-    monkeypatch.setattr(conv_taps, "MAX_DENSE_WEIGHTS", 0)  # small convs would take the tap path first
     return _count_calls(monkeypatch, conv_direct, "direct2d")
+
+
+@pytest.mark.parametrize("xs,ws,attrs", DIRECT + [
+    ((1, 3, 224, 224), (16, 3, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]})], ids=str)  # MobileNetV3's stem
+def test_direct_convs_sum_each_output_by_fma_in_order(xs, ws, attrs, direct_calls):
+    """Every output is its products added by fma in (channel, ky, kx) order from 0.0, in float32: the same bits as
+    that sum written out in numpy over the zero-padded input."""
+    w = RNG.standard_normal(ws).astype(np.float32)
+    _assert_taps_summed_in_order(RNG.standard_normal(xs).astype(np.float32), w, {"group": 1, **attrs})
+    assert direct_calls
 
 
 @pytest.mark.parametrize("xs,ws,attrs", DIRECT, ids=str)

@@ -79,7 +79,6 @@ def _specials(shape, every: int = 23):
 
 
 def _direct(m):
-    m.setattr(conv_taps, "MAX_DENSE_WEIGHTS", 0)
     return _count_calls(m, conv_direct, "direct2d")
 
 
@@ -88,18 +87,11 @@ def _direct_in_pieces(m):
     return _direct(m)
 
 
-def _dense_taps(m):
-    m.setattr(conv_taps, "MAX_DENSE_WEIGHTS", 1 << 30)
-    m.setattr(conv_taps, "MIN_DENSE_PIXELS", 1)
-    return _count_calls(m, conv_taps, "taps2d")
-
-
 def _depthwise(m):
     return _count_calls(m, conv_taps, "taps2d")
 
 
 def _shifted(m):
-    m.setattr(conv_taps, "MAX_DENSE_WEIGHTS", 0)
     m.setattr(conv_direct, "MAX_INNER", 0)
     m.setattr(conv_shifted, "MIN_COLUMN_BYTES", 0)
     m.setattr(conv_shifted, "MIN_OUT_WIDTH", 1)
@@ -108,7 +100,6 @@ def _shifted(m):
 
 
 def _im2col(m):
-    m.setattr(conv_taps, "MAX_DENSE_WEIGHTS", 0)
     m.setattr(conv_direct, "MAX_INNER", 0)
     m.setattr(conv_shifted, "MIN_COLUMN_BYTES", 1 << 62)
     return _count_calls(m, nn, "conv_nobias")
@@ -133,7 +124,7 @@ PATHS = [
     ("direct-strided", _direct, (1, 6, 13, 11), (10, 6, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
     ("direct-pieces", _direct_in_pieces, (2, 16, 10, 12), (20, 16, 3, 3), {"pads": [1, 1, 1, 1]}),
     ("direct-row-bands", _direct_in_pieces, (2, 6, 33, 20), (10, 6, 3, 3), {"pads": [1, 1, 1, 1]}),  # 2 threads
-    ("dense-taps", _dense_taps, (2, 3, 17, 15), (16, 3, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ("direct-stem", _direct, (2, 3, 17, 15), (16, 3, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
     ("depthwise", _depthwise, (2, 12, 11, 13), (12, 1, 3, 3), {"pads": [1, 1, 1, 1], "group": 12}),
     ("shifted", _shifted, (2, 5, 9, 11), (6, 5, 3, 3), {"pads": [1, 1, 1, 1]}),
     ("im2col", _im2col, (2, 4, 9, 9), (6, 4, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),

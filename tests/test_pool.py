@@ -16,7 +16,7 @@ import pytest
 from threadpoolctl import threadpool_limits
 
 from conftest import numpy_blas_threads as _blas_threads
-from rlx_runtime import conv_taps, threads
+from rlx_runtime import conv_direct, conv_taps, threads
 from rlx_runtime.conv_kernels import bias_activation
 from rlx_runtime.pool_layout import WORKED
 from rlx_runtime.threads import Steps, forward_threads, matmul, run_chunks
@@ -38,7 +38,7 @@ def _worked() -> int:
 
 
 def _ops():
-    """name -> a float32 computation that splits into pool jobs (matmul steps, conv epilogues, tap convs)."""
+    """name -> a float32 computation that splits into pool jobs (matmul steps, conv epilogues, direct and tap convs)."""
     a, b, x1 = _f(700, 96), _f(96, 300), _f(1, 900)
     wide, w_t, a_t = _f(96, 2400), _f(2000, 900), _f(96, 700).T
     ep = bias_activation(_f(700), "HardSwish", 1 / 6, None, None, 1, 0.5)
@@ -58,7 +58,7 @@ def _ops():
         "epilogue, rows": lambda: matmul(a, b, ep),
         "epilogue, columns, Sigmoid": lambda: matmul(a[:64], wide, sig),
         "epilogue, Clip": lambda: matmul(a[:64], wide, clip),
-        "dense taps + HardSwish": lambda: conv_taps.taps2d(xs, wd, (2, 2), (1, 1), [1, 1, 1, 1], (21, 19), hs),
+        "direct stem + HardSwish": lambda: conv_direct.direct2d(xs, wd, (2, 2), (1, 1), [1, 1, 1, 1], (21, 19), hs),
         "depthwise taps + Silu": lambda: conv_taps.taps2d(xdw, wdw, (1, 1), (1, 1), [2, 2, 2, 2], (19, 23), dw_ep),
     }
 

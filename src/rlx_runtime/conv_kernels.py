@@ -153,35 +153,31 @@ def bias_activation(bias: np.ndarray | None, activation: str, alpha: float, lo: 
     return BiasActivation(bias, activation, alpha, lo, hi, groups, beta)
 
 
-# Tap convs (conv_taps.py): depthwise 2-D convs (group == channels == outputs), and dense convs with few
-# taps in all (input channels x kernel, as an RGB stem's 27). im2col made a depthwise conv one 1-row GEMM per
-# channel (8x slower than onnxruntime) and a stem a GEMM with a 27-long inner dimension (OpenBLAS's weakest
-# shape) after a strided copy. Each input channel is split into stride phases (phase (p, q) holds rows p::sh,
+# Tap convs (conv_taps.py): depthwise 2-D convs (group == channels == outputs). im2col made one a 1-row GEMM per
+# channel (8x slower than onnxruntime). Each input channel is split into stride phases (phase (p, q) holds rows p::sh,
 # columns q::sw, all phases of a channel in one flat buffer), so every tap reads contiguously: output pixel (oy,
 # ox) of tap (ky, kx) is element (oy + ky*dh // sh) * Wq + ox + kx*dw // sw of phase (ky*dh % sh, kx*dw % sw).
 # The output is computed on a grid Wq wide, 32 pixels at a time with all taps summed in registers
 # (simd.taps_f32: in tap order, each added by fma, the same bits on every CPU); the first OW columns
-# of each grid row are kept. A depthwise conv fills one channel's phases at a time, into a scratch that stays in
+# of each grid row are kept. One channel's phases are filled at a time, into a scratch that stays in
 # cache between its fill, its taps and its rows' copy (all channels' phases first went through memory twice:
 # EfficientNet-B0's 96-channel 112x112 stride-2 conv wrote and read back 5 MB).
 EPILOGUE_RUN = 2048  # outputs (8 KiB) tap_planes finishes before it applies the epilogue to them
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def tap_planes(x, phases, taps, offsets, y, n, c0, c1, grid, wq, shared, sh, sw, top, left, hq, bias, has_bias, act,
-               alpha, beta, has_lo, lo, has_hi, hi, res, has_res):  # pragma: no cover - compiled
-    """y (N, O, OH, OW) written for image n, outputs c0..c1; taps (O, T) f32; offsets (T,) int64 into a channel's
-    phases; grid: scratch of at least OH * wq floats, a whole number of 32-lane vectors (the extra outputs are
-    dropped). With `shared` (dense), phases (N, C, P * plane + slack) holds every channel's phases (fill_phases)
-    and output c reads image n's phases of every channel, as one flat buffer; otherwise (depthwise) output c
-    reads channel c of x (N, C, H, W), whose phases are filled here into `phases`, one channel's worth (1, 1, P *
-    plane + slack) that arrives zeroed (each channel writes the same elements, so the padding stays zero). With
-    act >= 0 the output channels then get bias_act_block's bias (per output channel) and activation while they are
-    in L1/L2, at least EPILOGUE_RUN outputs at a time (a separate pass read them back from L2/L3; a call per 7x7
-    channel cost more than that); res (with has_res): the residual of all of y, flat."""
+def tap_planes(x, phases, taps, offsets, y, n, c0, c1, grid, wq, sh, sw, top, left, hq, bias, has_bias, act, alpha,
+               beta, has_lo, lo, has_hi, hi, res, has_res):  # pragma: no cover - compiled
+    """A depthwise conv's y (N, C, OH, OW) written for image n, channels c0..c1: channel c reads channel c of
+    x (N, C, H, W), whose stride phases are filled here into `phases`, one channel's worth (P * plane + slack
+    floats) that arrives zeroed (each channel writes the same elements, so the padding stays zero); taps (C, T)
+    f32; offsets (T,) int64 into those phases; grid: scratch of at least OH * wq floats, a whole number of 32-lane
+    vectors (the extra outputs are dropped). With act >= 0 the channels then get bias_act_block's bias (per
+    channel) and activation while they are in L1/L2, at least EPILOGUE_RUN outputs at a time (a separate pass read
+    them back from L2/L3; a call per 7x7 channel cost more than that); res (with has_res): the residual of all of
+    y, flat."""
     oh, ow = y.shape[2], y.shape[3]
     size = grid.shape[0]
-    flat = phases[n if shared else 0].reshape(-1)
     out = y[n].reshape(-1)
     image_res = res[n * out.size:] if has_res else res
     h, w = x.shape[2], x.shape[3]
@@ -189,9 +185,8 @@ def tap_planes(x, phases, taps, offsets, y, n, c0, c1, grid, wq, shared, sh, sw,
     spans = phase_rows(h, w, sh, sw, top, left, hq, wq)
     done = c0  # channels before this one have had their epilogue
     for c in range(c0, c1):
-        if not shared:
-            fill_channel(xf, (n * x.shape[1] + c) * h * w, w, flat, 0, sh, sw, top, hq, wq, spans)
-        taps_f32(grid, 0, flat, 0, size, taps[c], offsets)
+        fill_channel(xf, (n * x.shape[1] + c) * h * w, w, phases, 0, sh, sw, top, hq, wq, spans)
+        taps_f32(grid, 0, phases, 0, size, taps[c], offsets)
         for r in range(oh):
             copy_f32(out, (c * oh + r) * ow, grid, r * wq, ow, 1)
         if act >= 0 and ((c + 1 - done) * oh * ow >= EPILOGUE_RUN or c == c1 - 1):

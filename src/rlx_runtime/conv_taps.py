@@ -1,10 +1,9 @@
-"""2-D convs whose taps are few, summed straight from stride phases of the padded input by a numba kernel
-(conv_kernels.tap_planes) instead of im2col + GEMM:
+"""Depthwise 2-D convs (group == input channels == outputs), their taps summed straight from stride phases of the
+padded input by a numba kernel (conv_kernels.tap_planes) instead of im2col + GEMM (one 1-row GEMM per channel).
 
-- depthwise convs (group == input channels == outputs): im2col made them one 1-row GEMM per channel;
-- dense convs with few weights in all (MAX_DENSE_WEIGHTS: outputs x input channels x kernel; an RGB stem's
-  3->16 3x3 conv has 432), where the GEMM's inner dimension is short (27) and OpenBLAS runs at a fraction of
-  its speed after a strided im2col copy.
+Dense convs with few weights (an RGB stem's 3->16 3x3) took this kernel too until it measured slower than the
+direct path (conv_direct.py) in whole forwards (A/B in one process, Rocket Lake, 1 / 2 threads: MobileNetV3-small
+0.97 / 0.98x the time, the YOLO-like detector 0.97 / 0.95x with the stem direct).
 """
 
 from __future__ import annotations
@@ -16,13 +15,6 @@ import numpy as np
 
 from . import threads
 
-# measured in whole forwards (A/B in one process, 1 and 2 threads): MobileNetV3-small's 3->16 stem (432 weights)
-# 7-10% faster this way, EfficientNet-B0's 3->32 stem (864) 2-3% slower; the tap sums grow with the outputs,
-# the GEMM's cost much less
-MAX_DENSE_WEIGHTS = 512
-# and only for outputs of at least this many pixels (the stems' are 112x112 and up): a smaller conv is cheap
-# either way, and as im2col + GEMM it keeps a Relu CNN from loading numba (~0.6 s of its first forward)
-MIN_DENSE_PIXELS = 56 * 56
 # a tap's multiply-add with its share of the phase fill and the row copies, in GEMM multiply-adds (what
 # threads_for's threshold counts): a 88-channel 3x3 depthwise conv at 28x28 (0.6 M taps) took 48 us at 1 thread,
 # a GEMM of 2 M multiply-adds ~20 us. Counted as GEMM work, convs of 40-100 us never split; split, MobileNetV3's
@@ -33,14 +25,6 @@ TAP_COST = 8
 def use_depthwise(x: np.ndarray, w: np.ndarray, group: int) -> bool:
     return (x.ndim == 4 and x.dtype == np.float32 and w.dtype == np.float32 and group > 1
             and group == x.shape[1] == w.shape[0] and w.shape[1] == 1)
-
-
-def use_dense_taps(x: np.ndarray, w: np.ndarray, group: int, out_sp) -> bool:
-    """A group-1 float32 2-D conv with few weights and a large output, and a kernel larger than 1x1 (a 1x1 conv
-    has no im2col copy to save, and its GEMM won)."""
-    return (x.ndim == 4 and x.dtype == np.float32 and w.dtype == np.float32 and group == 1
-            and w.shape[2] * w.shape[3] > 1 and w.size <= MAX_DENSE_WEIGHTS
-            and out_sp[0] * out_sp[1] >= MIN_DENSE_PIXELS)
 
 
 @functools.cache
@@ -75,55 +59,47 @@ def phase_offsets(channels: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw
 
 
 def taps2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp, epilogue=None) -> np.ndarray:
-    """Conv without bias, depthwise ((n, c, h, w) * (c, 1, kh, kw), group c) or dense with few taps ((n, c, h, w)
-    * (o, c, kh, kw), group 1) -> fresh (n, o, oh, ow) float32. `epilogue`, a conv_kernels.BiasActivation, is
-    applied to each output channel by the kernel as soon as that channel is done."""
+    """Depthwise conv without bias ((n, c, h, w) * (c, 1, kh, kw), group c) -> fresh (n, c, oh, ow) float32.
+    `epilogue`, a conv_kernels.BiasActivation, is applied to each output channel by the kernel as soon as that
+    channel is done."""
     ck, lanes = _numba_side()
     x = np.ascontiguousarray(x)  # the kernels read it as one flat (N, C, H, W) buffer
     n, c, h, wd = x.shape
-    o, kh, kw = w.shape[0], w.shape[2], w.shape[3]
-    dense = not (w.shape[1] == 1 and o == c)  # depthwise: one input channel per output
+    kh, kw = w.shape[2], w.shape[3]
     (sh, sw), (dh, dw) = strides, dil
     oh, ow = out_sp
     wq, hq, plane, stride = phase_layout(h, wd, pads, sh, sw, lanes)
     # the grid rounded up to whole 32-lane vectors (no scalar tail: a 7x7 plane has 77 outputs; the phases' slack
     # covers those extra reads)
     size = -(-(oh * wq) // lanes) * lanes
-    if dense:  # every output reads every channel's phases: all of them first
-        phases = np.zeros((n, c, stride), np.float32)
-        ck.fill_phases(x, phases, sh, sw, pads[0], pads[1], hq, wq)
-    offsets = phase_offsets(c if dense else 1, kh, kw, sh, sw, dh, dw, plane, wq, stride)
-    taps = np.ascontiguousarray(w.reshape(o, -1))
-    y = np.empty((n, o, oh, ow), np.float32)
-    work = o * len(offsets) * oh * wq * TAP_COST
-    edges = threads.chunk_edges(o, threads.threads_for(n * work), min_chunk=8)
+    offsets = phase_offsets(1, kh, kw, sh, sw, dh, dw, plane, wq, stride)
+    taps = np.ascontiguousarray(w.reshape(c, -1))
+    y = np.empty((n, c, oh, ow), np.float32)
+    work = c * len(offsets) * oh * wq * TAP_COST
+    edges = threads.chunk_edges(c, threads.threads_for(n * work), min_chunk=8)
     fill = (sh, sw, pads[0], pads[1], hq)
     ep = threads.epilogue_fields(epilogue)
 
     if len(edges) == 2:  # one chunk: the same calls in the same order, on this thread, without a job around them
-        grid = np.empty(size, np.float32)
-        if not dense:
-            phases = np.zeros((1, 1, stride), np.float32)
+        grid, phases = np.empty(size, np.float32), np.zeros(stride, np.float32)
         for b in range(n):
-            ck.tap_planes(x, phases, taps, offsets, y, b, 0, o, grid, wq, dense, *fill, *ep)
+            ck.tap_planes(x, phases, taps, offsets, y, b, 0, c, grid, wq, *fill, *ep)
         return y
     bias, has_bias, act, alpha, beta, has_lo, lo, has_hi, hi, res, has_res = ep
     with threads.Steps(n * len(edges), True) as steps:
         steps.keep += (x, taps, offsets, y, ep)  # the rows hold only their addresses
         for c0, c1 in zip(edges, edges[1:]):
-            grid = np.empty(size, np.float32)  # the chunk's scratch: its grid, and a depthwise chunk's phases
-            if not dense:
-                phases = np.zeros((1, 1, stride), np.float32)
+            # the chunk's scratch: its grid and its channel's phases
+            grid, phases = np.empty(size, np.float32), np.zeros(stride, np.float32)
             steps.keep += (grid, phases)
             for b in range(n):
                 if steps.native:
                     k, ints, floats, r = steps.tables()
-                    k.put_taps(ints, floats, r, x, phases, taps, offsets, y, b, c0, c1, grid, wq, dense, *fill, bias,
-                               has_bias, act, has_lo, has_hi, alpha, beta, lo, hi, res, has_res)
+                    k.put_taps(ints, floats, r, x, phases, taps, offsets, y, b, c0, c1, grid, wq, *fill, bias, has_bias,
+                               act, has_lo, has_hi, alpha, beta, lo, hi, res, has_res)
                     steps.added()
                 else:
-                    steps.added(partial(ck.tap_planes, x, phases, taps, offsets, y, b, c0, c1, grid, wq, dense, *fill,
-                                        *ep))
+                    steps.added(partial(ck.tap_planes, x, phases, taps, offsets, y, b, c0, c1, grid, wq, *fill, *ep))
             steps.end_chunk()
         steps.run()
     return y

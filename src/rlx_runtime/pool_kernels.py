@@ -117,19 +117,19 @@ def _run_row(ti, tf, r):  # pragma: no cover - compiled
                        ti[r, 14] != 0, ti[r, 15], np.float32(tf[r, 0]), np.float32(tf[r, 1]), ti[r, 16] != 0,
                        np.float32(tf[r, 2]), ti[r, 17] != 0, np.float32(tf[r, 3]), res, ti[r, 20] != 0)
     elif kind == ROW_TAPS:
-        n, o = ti[r, 2], ti[r, 18]
-        phases = numba.carray(_f32_at(ti[r, 1]), (n, ti[r, 3], ti[r, 4]))
-        taps = numba.carray(_f32_at(ti[r, 5]), (o, ti[r, 6]))
-        offsets = numba.carray(_i64_at(ti[r, 7]), (ti[r, 6],))
-        y = numba.carray(_f32_at(ti[r, 8]), (ti[r, 19], o, ti[r, 9], ti[r, 10]))
-        grid = numba.carray(_f32_at(ti[r, 14]), (ti[r, 16],))
-        x = numba.carray(_f32_at(ti[r, 20]), (ti[r, 19], ti[r, 21], ti[r, 22], ti[r, 23]))
-        bias = numba.carray(_f32_at(ti[r, 29]), (ti[r, 30],))
-        res = numba.carray(_f32_at(ti[r, 35]), (ti[r, 36],))
-        tap_planes(x, phases, taps, offsets, y, ti[r, 11], ti[r, 12], ti[r, 13], grid, ti[r, 15], ti[r, 17] != 0,
-                   ti[r, 24], ti[r, 25], ti[r, 26], ti[r, 27], ti[r, 28], bias, ti[r, 31] != 0, ti[r, 32],
-                   np.float32(tf[r, 0]), np.float32(tf[r, 1]), ti[r, 33] != 0, np.float32(tf[r, 2]), ti[r, 34] != 0,
-                   np.float32(tf[r, 3]), res, ti[r, 37] != 0)
+        o, nb = ti[r, 15], ti[r, 16]
+        phases = numba.carray(_f32_at(ti[r, 1]), (ti[r, 2],))
+        taps = numba.carray(_f32_at(ti[r, 3]), (o, ti[r, 4]))
+        offsets = numba.carray(_i64_at(ti[r, 5]), (ti[r, 4],))
+        y = numba.carray(_f32_at(ti[r, 6]), (nb, o, ti[r, 7], ti[r, 8]))
+        grid = numba.carray(_f32_at(ti[r, 12]), (ti[r, 14],))
+        x = numba.carray(_f32_at(ti[r, 17]), (nb, ti[r, 18], ti[r, 19], ti[r, 20]))
+        bias = numba.carray(_f32_at(ti[r, 26]), (ti[r, 27],))
+        res = numba.carray(_f32_at(ti[r, 32]), (ti[r, 33],))
+        tap_planes(x, phases, taps, offsets, y, ti[r, 9], ti[r, 10], ti[r, 11], grid, ti[r, 13], ti[r, 21], ti[r, 22],
+                   ti[r, 23], ti[r, 24], ti[r, 25], bias, ti[r, 28] != 0, ti[r, 29], np.float32(tf[r, 0]),
+                   np.float32(tf[r, 1]), ti[r, 30] != 0, np.float32(tf[r, 2]), ti[r, 31] != 0, np.float32(tf[r, 3]),
+                   res, ti[r, 34] != 0)
     elif kind == ROW_DIRECT:
         phases = numba.carray(_f32_at(ti[r, 1]), (ti[r, 2], ti[r, 3]))
         w = numba.carray(_f32_at(ti[r, 4]), (ti[r, 5], ti[r, 6]))
@@ -350,20 +350,20 @@ def put_bias_act(ti, tf, r, y, b0, b1, r0, r1, c0, c1, groups, bias, has_bias, a
 
 
 @numba.njit(cache=True, nogil=True)
-def put_taps(ti, tf, r, x, phases, taps, offsets, y, n, c0, c1, grid, wq, shared, sh, sw, top, left, hq, bias,
-             has_bias, act, has_lo, has_hi, alpha, beta, lo, hi, res, has_res):  # pragma: no cover - compiled
-    """Row r: conv_kernels.tap_planes(x, phases, taps, offsets, y, n, c0, c1, grid, wq, shared, sh, sw, top, left,
-    hq, ...) with the epilogue's fields as put_bias_act's (act -1: none)."""
-    ti[r, 0], ti[r, 1], ti[r, 2], ti[r, 3], ti[r, 4] = ROW_TAPS, phases.ctypes.data, *phases.shape
-    ti[r, 5], ti[r, 6], ti[r, 7] = taps.ctypes.data, taps.shape[1], offsets.ctypes.data
-    ti[r, 8], ti[r, 9], ti[r, 10] = y.ctypes.data, y.shape[2], y.shape[3]
-    ti[r, 11], ti[r, 12], ti[r, 13], ti[r, 14], ti[r, 15], ti[r, 16] = n, c0, c1, grid.ctypes.data, wq, grid.size
-    ti[r, 17], ti[r, 18], ti[r, 19] = shared, y.shape[1], y.shape[0]
-    ti[r, 20], ti[r, 21], ti[r, 22], ti[r, 23] = x.ctypes.data, x.shape[1], x.shape[2], x.shape[3]
-    ti[r, 24], ti[r, 25], ti[r, 26], ti[r, 27], ti[r, 28] = sh, sw, top, left, hq
-    ti[r, 29], ti[r, 30], ti[r, 31], ti[r, 32] = bias.ctypes.data, bias.size, has_bias, act
-    ti[r, 33], ti[r, 34] = has_lo, has_hi
-    ti[r, 35], ti[r, 36], ti[r, 37] = res.ctypes.data, res.size, has_res
+def put_taps(ti, tf, r, x, phases, taps, offsets, y, n, c0, c1, grid, wq, sh, sw, top, left, hq, bias, has_bias,
+             act, has_lo, has_hi, alpha, beta, lo, hi, res, has_res):  # pragma: no cover - compiled
+    """Row r: conv_kernels.tap_planes(x, phases, taps, offsets, y, n, c0, c1, grid, wq, sh, sw, top, left, hq, ...)
+    with the epilogue's fields as put_bias_act's (act -1: none)."""
+    ti[r, 0], ti[r, 1], ti[r, 2], ti[r, 3] = ROW_TAPS, phases.ctypes.data, phases.size, taps.ctypes.data
+    ti[r, 4], ti[r, 5], ti[r, 6] = taps.shape[1], offsets.ctypes.data, y.ctypes.data
+    ti[r, 7], ti[r, 8] = y.shape[2], y.shape[3]
+    ti[r, 9], ti[r, 10], ti[r, 11], ti[r, 12], ti[r, 13], ti[r, 14] = n, c0, c1, grid.ctypes.data, wq, grid.size
+    ti[r, 15], ti[r, 16], ti[r, 17] = y.shape[1], y.shape[0], x.ctypes.data
+    ti[r, 18], ti[r, 19], ti[r, 20] = x.shape[1], x.shape[2], x.shape[3]
+    ti[r, 21], ti[r, 22], ti[r, 23], ti[r, 24], ti[r, 25] = sh, sw, top, left, hq
+    ti[r, 26], ti[r, 27], ti[r, 28], ti[r, 29] = bias.ctypes.data, bias.size, has_bias, act
+    ti[r, 30], ti[r, 31] = has_lo, has_hi
+    ti[r, 32], ti[r, 33], ti[r, 34] = res.ctypes.data, res.size, has_res
     tf[r, 0], tf[r, 1], tf[r, 2], tf[r, 3] = alpha, beta, lo, hi
 
 

@@ -15,10 +15,9 @@ INT_COLUMNS, FLOAT_COLUMNS = 40, 4
 # ROW_GEMV: fn, wide, order, trans, m, n, a, lda, x, incx, y, incy | alpha, beta
 # ROW_BIAS_ACT: y, B, M, N, b0, b1, r0, r1, c0, c1, groups, bias, nbias, has_bias, act, has_lo, has_hi, res,
 #   nres, has_res | alpha, beta, lo, hi (res: the residual added after the bias)
-# ROW_TAPS: phases, N', C', L, taps, T, offsets, y, OH, OW, n, c0, c1, grid, wq, grid size, shared, O, N,
-#   x, C, H, W, sh, sw, top, left, hq, bias, nbias, has_bias, act, has_lo, has_hi, res, nres, has_res
-#   | alpha, beta, lo, hi
-#   (phases: all images' and channels' when shared, else one channel's; act -1: no epilogue)
+# ROW_TAPS: phases, L, taps, T, offsets, y, OH, OW, n, c0, c1, grid, wq, grid size, O, N, x, C, H, W, sh, sw,
+#   top, left, hq, bias, nbias, has_bias, act, has_lo, has_hi, res, nres, has_res | alpha, beta, lo, hi
+#   (phases: one channel's scratch; act -1: no epilogue)
 # ROW_SKINNY: out, x, wt, rows, k, n, c0, c1, r0, r1, bias, nbias, has_bias, act, has_lo, has_hi, res, nres,
 #   has_res | alpha, beta, lo, hi (simd.skinny_f32 over blocks of SKINNY_ROWS rows, each then given ROW_BIAS_ACT's
 #   epilogue unless act is -1)

@@ -190,8 +190,8 @@ def _conv(xp, a, x, w, b=None):
 
 
 def _conv_nobias_cpu(a, x, w, epilogue=None):
-    """conv_nobias on the CPU, with faster paths: pointwise convs straight to the GEMM; depthwise convs and dense
-    ones with few taps by a numba kernel (conv_taps.py); stride-1 convs with large im2col columns as shifted-view
+    """conv_nobias on the CPU, with faster paths: pointwise convs straight to the GEMM; depthwise convs by a numba
+    kernel (conv_taps.py); stride-1 convs with large im2col columns as shifted-view
     GEMMs. Both Conv and FusedConv come here, so they take the same path and give the same values."""
     nsp = x.ndim - 2
     strides, dil, pads = _spatial(a, nsp)
@@ -208,7 +208,7 @@ def _conv_nobias_cpu(a, x, w, epilogue=None):
             return y.reshape(n, w.shape[0], h, wd)
         out_sp = [window_count(x.shape[2 + i], w.shape[2 + i], strides[i], dil[i], pads[i], pads[i + nsp])
                   for i in range(nsp)]
-        if conv_taps.use_depthwise(x, w, a["group"]) or conv_taps.use_dense_taps(x, w, a["group"], out_sp):
+        if conv_taps.use_depthwise(x, w, a["group"]):
             return conv_taps.taps2d(x, w, strides, dil, pads, out_sp, epilogue)
         if _numba_loaded() and conv_direct.use_direct(x, w, a["group"], epilogue):
             return conv_direct.direct2d(x, w, strides, dil, pads, out_sp, epilogue)
