@@ -105,6 +105,11 @@ def compute() -> dict[str, np.ndarray]:
             wc = r.standard_normal((12, 1, k, k)).astype(np.float32)
             out[f"depthwise/{k}x{k}/s{stride}"] = _run("Conv", [xc, wc], {"group": 12, "pads": [k // 2] * 4,
                                                                           "strides": [stride, stride]}, consts=(1,))
+        # rows of 61: straight into the output with AVX-512 (conv_kernels.MIN_ROW_WIDTH), on the grid without
+        xc = r.standard_normal((1, 6, 11, 61)).astype(np.float32)
+        xc.reshape(-1)[::37] = np.inf
+        wc = r.standard_normal((6, 1, 3, 3)).astype(np.float32)
+        out["depthwise/3x3/rows"] = _run("Conv", [xc, wc], {"group": 6, "pads": [1] * 4}, consts=(1,))
         # an RGB stem (the direct path, as below), a 60x58 output
         xs = r.standard_normal((1, 3, 120, 116)).astype(np.float32)
         xs.reshape(-1)[::29] = np.inf

@@ -230,6 +230,12 @@ def test_at_two_threads_with_the_native_pool_the_shifted_path_gives_way_to_im2co
 # widths that leave a scalar tail after the 32-lane vectors and outputs narrower than one vector
 DEPTHWISE = [
     ((1, 8, 20, 20), (3, 3), {"pads": [1, 1, 1, 1]}),
+    # rows of conv_kernels.MIN_ROW_WIDTH and up go straight into the output (AVX-512): a masked last vector of 29,
+    # 13 or 28 columns, none (64), rows left after the groups of 4 (30, 13, 21 rows: 2, 1, 1), dilation
+    ((1, 4, 30, 29), (3, 3), {"pads": [1, 1, 1, 1]}),
+    ((2, 3, 13, 64), (3, 3), {"pads": [1, 1, 1, 1]}),
+    ((1, 5, 15, 90), (3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
+    ((1, 3, 21, 60), (3, 3), {"pads": [2, 2, 2, 2], "dilations": [2, 2]}),
     ((2, 5, 17, 23), (3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
     ((1, 6, 33, 31), (5, 5), {"pads": [2, 2, 2, 2], "strides": [2, 2]}),
     ((1, 4, 14, 15), (3, 3), {"pads": [0, 2, 1, 0], "strides": [1, 2]}),
@@ -276,7 +282,7 @@ def test_depthwise_matches_onnxruntime(xs, k, attrs, depthwise_calls):
     _check_against_onnxruntime(xs, *_depthwise(xs, k, attrs), depthwise_calls)
 
 
-@pytest.mark.parametrize("xs,k,attrs", DEPTHWISE[:6], ids=str)
+@pytest.mark.parametrize("xs,k,attrs", DEPTHWISE[:10], ids=str)
 def test_depthwise_sums_the_taps_in_order(xs, k, attrs, depthwise_calls):
     """Every output is the taps' products added by fma in (ky, kx) order from 0.0, in float32: the same bits as that
     sum written out in numpy over the zero-padded input."""

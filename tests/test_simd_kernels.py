@@ -307,6 +307,35 @@ def test_every_register_tile_gives_the_same_bits(few_rows_by_tile, rows, k, n, c
     assert np.all(np.abs(got[:rows, c0:c1] - (a @ b)[:, c0:c1]) <= bound[:, c0:c1])
 
 
+
+@pytest.mark.parametrize("rows,count,pitch,src_pitch", [(1, 5, 9, 11), (3, 32, 40, 35), (4, 29, 29, 31),
+                                                        (5, 64, 70, 66), (9, 45, 50, 47), (6, 100, 131, 120)],
+                         ids=str)
+def test_tap_rows_sum_each_output_by_fma_in_tap_order(rows, count, pitch, src_pitch):
+    """tap_rows_f32 (the depthwise conv's taps): row r's output i is weights[t] * src[start + r * src_pitch +
+    offsets[t] + i] added by fma in order of t from 0.0, bit for bit; nothing at or past `count` in a row (the
+    masked last vector), before `at` or past the last row is written."""
+    from rlx_format.numba_setup import numba
+    from rlx_runtime.simd import tap_rows_f32
+
+    run = numba.njit(lambda *a: tap_rows_f32(*a))
+    weights = R.standard_normal(7).astype(np.float32)
+    offsets = np.array([0, 1, 2, src_pitch, src_pitch + 2, 2 * src_pitch + 1, 3], np.int64)
+    start, at = 3, 5
+    src = R.standard_normal(start + (rows + 2) * src_pitch + count).astype(np.float32)
+    dst = np.full(at + rows * pitch + 40, 7.0, np.float32)
+    run(dst, at, pitch, src, start, src_pitch, rows, count, weights, offsets)
+    want = np.zeros((rows, count), np.float32)
+    lines = start + np.arange(rows)[:, None] * src_pitch + np.arange(count)[None, :]
+    for w, off in zip(weights, offsets):
+        want = fma32(np.full((rows, count), w, np.float32), src[lines + off], want)
+    got = np.stack([dst[at + r * pitch:at + r * pitch + count] for r in range(rows)])
+    np.testing.assert_array_equal(got, want)
+    written = np.zeros(dst.size, bool)
+    for r in range(rows):
+        written[at + r * pitch:at + r * pitch + count] = True
+    assert np.all(dst[~written] == 7.0)
+
 # ---------------------------------------------------------------- sigmoid_f32 (Sigmoid, SiLU, their conv epilogues)
 def _sigmoid_steps(x: np.ndarray, silu: bool) -> np.ndarray:
     """The documented float32 steps (simd.py, above EXP_ABS_MAX) in numpy, one IEEE operation at a time (fma

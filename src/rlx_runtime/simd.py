@@ -30,7 +30,7 @@ from rlx_format.numba_setup import numba
 _I8, _I32, _I64, _F32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
 GROUP = 8  # blocks whose fp16 scales are converted together (one vector)
 CHAINS = 4  # independent accumulators in the dot loops (a power of two)
-TAP_CHAINS = 4  # vectors whose tap sums taps_f32 runs side by side (each its own add chain)
+TAP_CHAINS = 4  # rows whose tap sums tap_rows_f32 runs side by side (each its own fma chain)
 LANES = 32  # one Q8_0 block; also a TQ2_0 block's 32-byte code group
 _VF = ir.VectorType(_F32, LANES)
 _VI8 = ir.VectorType(_I8, LANES)
@@ -346,72 +346,73 @@ def _is_i64(t) -> bool:
 
 
 @intrinsic
-def taps_f32(typingctx, dst, at, src, start, count, weights, offsets):
-    """dst[at + i] = sum over t of weights[t] * src[start + offsets[t] + i], for i < count: the taps summed in
-    order from 0.0, each added by fma (one rounding: the same bits on every CPU), in registers, TAP_CHAINS vectors
-    of 32 lanes at a time (then one vector, then one element at a time). The depthwise conv's inner loop: a pass
-    per tap over a buffer was bound by its stores, one vector at a time by the add latency (a 240-channel 5x5 conv:
-    64 us, 48 us this way). A multiply and an add each took a vector port where the fma takes one: the taps of
-    EfficientNet-B0/MobileNetV3-sized depthwise convs ran 0-25% faster as fma (Rocket Lake, 1 thread)."""
-    ints = all(isinstance(v, types.Integer) for v in (at, start, count))
+def tap_rows_f32(typingctx, dst, at, pitch, src, start, src_pitch, rows, count, weights, offsets):
+    """dst[at + r * pitch + i] = sum over t of weights[t] * src[start + r * src_pitch + offsets[t] + i], for r < rows
+    and i < count: each row's taps summed in order from 0.0, each added by fma (one rounding: the same bits on
+    every CPU), in registers. TAP_CHAINS rows at a time, a 32-lane vector of each side by side (each its own fma
+    chain: one chain alone waits on each fma's latency), the row's last vector masked (nothing read or written past
+    `count`). The depthwise conv's inner loop (conv_kernels.tap_planes): a row per output row, straight into the
+    output; or the stride-phase grid as rows of 32 (no mask). A pass per tap over a buffer was bound by its stores,
+    one vector at a time by the add latency (a 240-channel 5x5 conv: 64 us, 48 us in registers); a multiply and an
+    add each took a vector port where the fma takes one (EfficientNet-B0/MobileNetV3-sized depthwise convs' taps
+    0-25% faster as fma, Rocket Lake, 1 thread)."""
+    ints = all(isinstance(v, types.Integer) for v in (at, pitch, start, src_pitch, rows, count))
     if not (_is_f32(dst) and _is_f32(src) and ints and _is_f32(weights) and _is_i64(offsets)):
         return None
 
     def codegen(context, builder, sig, args):
-        dp = builder.gep(_data(context, builder, sig.args[0], args[0]).data, [builder.sext(args[1], _I64)])
-        sp = builder.gep(_data(context, builder, sig.args[2], args[2]).data, [builder.sext(args[3], _I64)])
-        n = builder.sext(args[4], _I64)
-        wts = _data(context, builder, sig.args[5], args[5])
+        dp = _data(context, builder, sig.args[0], args[0]).data
+        sp = _data(context, builder, sig.args[3], args[3]).data
+        at_, pitch_, start_, spitch_, rows_, n = (builder.sext(args[i], _I64) if args[i].type.width < 64 else args[i]
+                                                  for i in (1, 2, 4, 5, 6, 7))
+        wts = _data(context, builder, sig.args[8], args[8])
         wp, ntaps = wts.data, cgutils.unpack_tuple(builder, wts.shape)[0]
-        op = _data(context, builder, sig.args[6], args[6]).data
+        op = _data(context, builder, sig.args[9], args[9]).data
+        whole = builder.sdiv(n, ir.Constant(_I64, LANES))
+        tail = builder.sub(n, builder.mul(whole, ir.Constant(_I64, LANES)))
 
-        def summed(positions, width):
-            """the tap sums at each element of `positions`: width lanes each (vectors) or one (width None). The
-            positions' sums are independent chains: one chain alone waits on each add's latency."""
-            zero = ir.Constant(_VF, None) if width else ir.Constant(_F32, 0.0)
+        def vector(first, count, column, mask):
+            """rows first .. first + count - 1 (count a Python int), LANES columns from `column` (mask's lanes)"""
+            src_at = [builder.add(builder.add(start_, builder.mul(builder.add(first, ir.Constant(_I64, j)), spitch_)),
+                                  column) for j in range(count)]
 
-            def tap(t, state):
-                w = builder.load(builder.gep(wp, [t]))
+            def tap(t, accs):
+                ws = _splat(builder, builder.load(builder.gep(wp, [t])), _VF)
                 off = builder.load(builder.gep(op, [t]))
-                ws = _splat(builder, w, _VF) if width else w
                 out = []
-                for pos, acc in zip(positions, state):
+                for pos, acc in zip(src_at, accs):
                     at_t = builder.add(pos, off)
-                    x = _load_vec(builder, sp, at_t, _VF) if width else builder.load(builder.gep(sp, [at_t]))
+                    x = (_load_vec(builder, sp, at_t, _VF) if mask is None
+                         else _masked(builder, "load", _VF, builder.gep(sp, [at_t]), mask))
                     out.append(_fma(builder, ws, x, acc))
                 return out
 
-            return _block_loop(builder, ir.Constant(_I64, 0), ntaps, [zero] * len(positions), tap)
+            accs = _block_loop(builder, ir.Constant(_I64, 0), ntaps, [ir.Constant(_VF, None)] * count, tap)
+            for j, v in enumerate(accs):
+                d = builder.add(builder.add(at_, builder.mul(builder.add(first, ir.Constant(_I64, j)), pitch_)), column)
+                if mask is None:
+                    _store_vec(builder, v, dp, d)
+                else:
+                    _masked(builder, "store", _VF, builder.gep(dp, [d]), mask, v)
 
-        def vectors(count):
-            def body(b, state):
-                pos = [_offset(builder, b, count * LANES, k * LANES) for k in range(count)]
-                for p, v in zip(pos, summed(pos, LANES)):
-                    _store_vec(builder, v, dp, p)
-                return []
-            return body
+        def rows_from(first, count):
+            _block_loop(builder, ir.Constant(_I64, 0), whole, [],
+                        lambda b, state: vector(first, count, _offset(builder, b, LANES), None) or [])
+            with builder.if_then(builder.icmp_signed(">", tail, ir.Constant(_I64, 0))):
+                vector(first, count, builder.mul(whole, ir.Constant(_I64, LANES)),
+                       _first_lanes(builder, tail, LANES))
 
-        # TAP_CHAINS vectors at a time, then the remaining whole vectors side by side too (a depthwise conv on a 7x7
-        # plane has 3: one at a time, each waited on its adds' latency), then single elements
-        wide = builder.sdiv(n, ir.Constant(_I64, TAP_CHAINS * LANES))
-        _block_loop(builder, ir.Constant(_I64, 0), wide, [], vectors(TAP_CHAINS))
-        whole = builder.sdiv(n, ir.Constant(_I64, LANES))
-        done = builder.mul(wide, ir.Constant(_I64, TAP_CHAINS * LANES))
-        rest = builder.sub(whole, builder.mul(wide, ir.Constant(_I64, TAP_CHAINS)))
+        groups = builder.sdiv(rows_, ir.Constant(_I64, TAP_CHAINS))
+        _block_loop(builder, ir.Constant(_I64, 0), groups, [],
+                    lambda g, state: rows_from(_offset(builder, g, TAP_CHAINS), TAP_CHAINS) or [])
+        done = builder.mul(groups, ir.Constant(_I64, TAP_CHAINS))
+        rest = builder.sub(rows_, done)
         for count in range(1, TAP_CHAINS):
             with builder.if_then(builder.icmp_signed("==", rest, ir.Constant(_I64, count))):
-                pos = [builder.add(done, ir.Constant(_I64, k * LANES)) for k in range(count)]
-                for p, v in zip(pos, summed(pos, LANES)):
-                    _store_vec(builder, v, dp, p)
-
-        def scalar(i, state):
-            builder.store(summed([i], None)[0], builder.gep(dp, [i]))
-            return []
-
-        _block_loop(builder, builder.mul(whole, ir.Constant(_I64, LANES)), n, [], scalar)
+                rows_from(done, count)
         return context.get_dummy_value()
 
-    return types.void(dst, at, src, start, count, weights, offsets), codegen
+    return types.void(dst, at, pitch, src, start, src_pitch, rows, count, weights, offsets), codegen
 
 
 SKINNY_ROWS = 8  # rows of x that skinny_f32 and gather_f32 take per call
