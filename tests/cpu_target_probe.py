@@ -116,7 +116,7 @@ def compute() -> dict[str, np.ndarray]:
         ws = r.standard_normal((16, 3, 3, 3)).astype(np.float32)
         out["stem/3x3/s2"] = _run("Conv", [xs, ws], {"group": 1, "pads": [1] * 4, "strides": [2, 2]}, consts=(1,))
         # dense convs straight from the input's phases (gather_f32: fma in (channel, ky, kx) order), stride 1 and 2,
-        # 20 outputs (two 8-channel blocks and a rest), and a pointwise conv on the few-rows GEMM (a 7x7 plane: a
+        # 20 outputs (two 8-channel blocks and a rest), and a pointwise conv on the few-rows GEMM (a 16x17 plane: a
         # masked last vector)
         xd = r.standard_normal((1, 24, 13, 11)).astype(np.float32)
         xd.reshape(-1)[::41] = np.nan
@@ -124,7 +124,7 @@ def compute() -> dict[str, np.ndarray]:
         for stride in (1, 2):
             out[f"direct/3x3/s{stride}"] = _run("Conv", [xd, wd], {"group": 1, "pads": [1] * 4,
                                                                    "strides": [stride, stride]}, consts=(1,))
-        xp = r.standard_normal((1, 96, 7, 7)).astype(np.float32)
+        xp = r.standard_normal((1, 96, 16, 17)).astype(np.float32)
         out["pointwise/96->144"] = _run("Conv", [xp, r.standard_normal((144, 96, 1, 1)).astype(np.float32)],
                                         {"group": 1}, consts=(1,))
         from rlx_runtime.threads import few_rows_matmul  # the few-rows GEMM: fma in order of k, explicit IR

@@ -467,6 +467,7 @@ def test_the_pointwise_cases_cross_panels():
 def pointwise_calls(monkeypatch):
     from rlx_format.numba_setup import numba  # noqa: F401 - the path is taken once numba is loaded
     from rlx_runtime import conv_pointwise
+    monkeypatch.setattr(conv_pointwise, "MIN_PIXELS", 0)  # the small planes here would go to the BLAS
     return _count_calls(monkeypatch, conv_pointwise, "pointwise")
 
 
@@ -521,12 +522,13 @@ def test_skinny_pointwise_clip_and_hard_swish_epilogues(pointwise_calls, monkeyp
 
 
 @pytest.mark.parametrize("xs,o,dtype,grouped,taken", [
-    ((1, 24, 14, 14), 144, np.float32, False, True),
-    ((1, 1152, 7, 7), 192, np.float32, False, True),
-    ((1, 1153, 7, 7), 192, np.float32, False, False),  # more input channels than MAX_CHANNELS: the BLAS
+    ((1, 24, 16, 16), 144, np.float32, False, True),
+    ((1, 24, 14, 14), 144, np.float32, False, False),  # fewer pixels than MIN_PIXELS: the BLAS
+    ((1, 1152, 28, 28), 192, np.float32, False, True),
+    ((1, 1153, 28, 28), 192, np.float32, False, False),  # more input channels than MAX_CHANNELS: the BLAS
     ((1, 144, 1, 1), 576, np.float32, False, False),  # a squeeze-excite conv: too few outputs
-    ((1, 24, 14, 14), 144, np.float64, False, False),
-    ((1, 24, 14, 14), 144, np.float32, True, False)], ids=str)  # a grouped epilogue: not this path's kind
+    ((1, 24, 16, 16), 144, np.float64, False, False),
+    ((1, 24, 16, 16), 144, np.float32, True, False)], ids=str)  # a grouped epilogue: not this path's kind
 def test_which_pointwise_convs_take_the_skinny_kernel(xs, o, dtype, grouped, taken):
     from rlx_runtime.conv_kernels import bias_activation
     from rlx_runtime.conv_pointwise import use_pointwise
@@ -612,7 +614,8 @@ def test_a_mobilenet_sized_depthwise_conv_splits_over_two_threads(monkeypatch):
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 @pytest.mark.parametrize("xs,ws,attrs", [
     ((1, 24, 13, 11), (20, 24, 3, 3), {"pads": [1, 1, 1, 1]}),  # direct
-    ((2, 16, 9, 9), (72, 16, 1, 1), {}),  # pointwise, the few-rows GEMM
+    ((2, 16, 16, 17), (72, 16, 1, 1), {}),  # pointwise, the few-rows GEMM
+    ((2, 16, 9, 9), (72, 16, 1, 1), {}),  # pointwise on a small plane: the BLAS with the epilogue
     ((1, 12, 19, 23), (12, 1, 3, 3), {"pads": [1, 1, 1, 1], "group": 12}),  # depthwise taps
     ((1, 8, 10, 10), (12, 4, 3, 3), {"pads": [1, 1, 1, 1], "group": 2}),  # grouped: im2col + GEMM
     ((1, 4, 6, 6), (8, 4, 1, 1), {}),  # a squeeze-excite-sized one: the GEMM, then y += b

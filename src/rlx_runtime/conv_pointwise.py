@@ -4,10 +4,10 @@ epilogue applied to each block of 8 output channels while it is in cache.
 Why not the BLAS GEMM (W (O, C) @ X (C, H*W)): OpenBLAS packs both operands on every call, which costs most
 where the inner dimension (the input channels) is short, as in the expansion and projection convs of
 MobileNet/EfficientNet blocks. skinny_f32 streams X's rows in 32-pixel vectors, each feeding a multiply-add
-into 8 output channels' accumulators (the weights broadcast from W), and masks the last vector (a 7x7 plane's
-49 pixels). Measured at 1 thread against OpenBLAS's SkylakeX kernels (this machine, Zen 5): 16->72 at 56x56
-47 -> 32 us, 24->144 at 56x56 122 -> 93 us, 64->255 at 40x40 255 -> 220 us, 96->576 at 7x7 32 -> 30 us, and
-within +-4% on ResNet-sized ones (256->1024 at 14x14: 1.02-1.04x), which this path leaves to the BLAS. The
+into 8 output channels' accumulators (the weights broadcast from W), and masks the last vector. Measured at 1
+thread against OpenBLAS's SkylakeX kernels (Zen 5): 16->72 at 56x56 47 -> 32 us, 24->144 at 56x56 122 -> 93 us,
+64->255 at 40x40 255 -> 220 us; on Rocket Lake 144 channels from 24 at 56x56 0.82x, 96 from 16 at 112x112 0.87x
+the BLAS's time. Small planes (MIN_PIXELS) go to the BLAS: the masked vector there is most of a row. The
 epilogue's pass over the output, separate after a BLAS GEMM, then reads rows still in L1/L2.
 
 Each output is its products added by fma in order of the input channel from 0.0 (the same bits on every CPU);
@@ -28,6 +28,11 @@ MAX_CHANNELS = 1152
 # and outputs (channels x pixels) above this many: a squeeze-excite block's 1x1-pixel convs go through the
 # unfused kernels (kernels/nn.py TINY_OUTPUT), where one BLAS call has the least Python around it
 MIN_OUTPUTS = 4096
+# and planes of at least this many pixels: on a 7x7 or 14x14 plane the last 32-pixel vector of each row is mostly
+# masked off (49 pixels: 64 lanes' work), where OpenBLAS's kernels lose little. Whole forwards, A/B in one process
+# (Rocket Lake), BLAS below 256 pixels against skinny_f32 everywhere: EfficientNet-B0 0.96 / 0.985x the time at 1 / 2
+# threads, ResNet-50 0.95 / 0.94x, MobileNetV3-small 0.99 / 1.02x; below 1024 pixels no better than 256
+MIN_PIXELS = 256
 
 
 @functools.cache
@@ -40,9 +45,10 @@ def _numba_side() -> tuple:
 
 def use_pointwise(x: np.ndarray, w: np.ndarray, epilogue) -> bool:
     """For a pointwise 2-D conv (the caller checked its attrs) of float32 x (n, c, h, w) and w (o, c, 1, 1), with
-    `epilogue` None or a one-group conv_kernels.BiasActivation."""
+    `epilogue` None or a one-group conv_kernels.BiasActivation: at most MAX_CHANNELS input channels, more than
+    MIN_OUTPUTS outputs per image, at least MIN_PIXELS pixels."""
     return (x.dtype == np.float32 and w.dtype == np.float32 and x.shape[1] <= MAX_CHANNELS
-            and w.shape[0] * x.shape[2] * x.shape[3] > MIN_OUTPUTS
+            and w.shape[0] * x.shape[2] * x.shape[3] > MIN_OUTPUTS and x.shape[2] * x.shape[3] >= MIN_PIXELS
             and (epilogue is None or getattr(epilogue, "flags", (0,))[0] == 1))
 
 
