@@ -34,6 +34,12 @@ PIECE_BYTES = 512 << 10
 # output channels. Measured at 2 threads (A/B per conv, Emerald Rapids), rows against channels: YOLO-like's and
 # ResNet-50's convs with 28-160 output rows 0.81-0.94x the time; 256->256 3x3 at 14x14 1.13x
 MIN_BAND_ROWS = 8
+# an input element's share of the phase fill (a copy, every other element at stride 2), in GEMM multiply-adds (what
+# threads_for's threshold counts): inputs of ~350 K elements and up fill their phases on every thread. Measured per
+# conv at 2 threads (Rocket Lake), split against serial fill: YOLO-like's 16->32 3x3/2 at 320x320 0.84x the time,
+# 32->64 at 160x160 0.91-0.96x, ResNet-50's 128->128 3x3/2 at 56x56 0.89-0.92x; 256 channels at 28x28 level, a
+# 3-channel 224x224 stem 1.1x (its fill is ~50 us, the hand-off a good part of that)
+FILL_COST = 6
 # the largest inner dimension (channels x kernel) taken: a weight row of the 8-channel block is read for every
 # 32-column vector, and the input views of a piece must fit in L2
 MAX_INNER = 4608
@@ -66,7 +72,21 @@ def direct2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp, epilogue=
     oh, ow = out_sp
     wq, hq, plane, stride = phase_layout(h, wd, pads, sh, sw, simd.LANES)
     phases = np.zeros((n, c, stride), np.float32)
-    ck.fill_phases(x, phases, sh, sw, pads[0], pads[1], hq, wq)
+    fill_threads = threads.threads_for(x.size * FILL_COST)
+    if fill_threads == 1:
+        ck.fill_phases(x, phases, sh, sw, pads[0], pads[1], hq, wq, 0, hq)
+    else:  # the phase planes' rows in bands, one per thread (a stem's 3 channels do not split evenly)
+        with threads.Steps(fill_threads, True) as steps:
+            steps.keep += (x, phases)
+            for q0, q1 in pairwise(threads.chunk_edges(hq, fill_threads, 1)):
+                if steps.native:
+                    k, ints, floats, r = steps.tables()
+                    k.put_fill(ints, floats, r, x, phases, sh, sw, pads[0], pads[1], hq, wq, q0, q1)
+                    steps.added()
+                else:
+                    steps.added(functools.partial(ck.fill_phases, x, phases, sh, sw, pads[0], pads[1], hq, wq, q0, q1))
+                steps.end_chunk()
+            steps.run()
     phases = phases.reshape(n, c * stride)
     offsets = phase_offsets(c, kh, kw, sh, sw, dh, dw, plane, wq, stride)
     wk = np.ascontiguousarray(w.reshape(o, -1))

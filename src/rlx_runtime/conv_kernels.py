@@ -193,7 +193,7 @@ def tap_planes(x, phases, taps, offsets, y, n, c0, c1, grid, wq, sh, sw, top, le
     straight = AVX512 and ow >= MIN_ROW_WIDTH
     done = c0  # channels before this one have had their epilogue
     for c in range(c0, c1):
-        fill_channel(xf, (n * x.shape[1] + c) * h * w, w, phases, 0, sh, sw, top, hq, wq, spans)
+        fill_channel(xf, (n * x.shape[1] + c) * h * w, w, phases, 0, sh, sw, top, hq, wq, spans, 0, hq)
         if straight:
             tap_rows_f32(out, c * oh * ow, ow, phases, 0, wq, oh, ow, taps[c], offsets)
         else:
@@ -258,30 +258,32 @@ def phase_rows(h, w, sh, sw, top, left, hq, wq):  # pragma: no cover - compiled
 # inlined, with the input passed flat: a call per channel that reshaped x (numba's reshape is a run-time C call)
 # cost 4x the copies on 7x7 planes (576 channels: 27 us, 6 us inlined)
 @numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
-def fill_channel(flat, src, w, dst, at, sh, sw, top, hq, wq, spans):  # pragma: no cover - compiled
+def fill_channel(flat, src, w, dst, at, sh, sw, top, hq, wq, spans, q0, q1):  # pragma: no cover - compiled
     """Stride phases of one channel of the zero-padded input, into dst from element `at`: the channel is the w-wide
     rows of flat float32 `flat` from element `src`; phase (p, q), a plane of hq x wq at (p * sw + q) * hq * wq,
     holds padded rows p::sh and columns q::sw (padded `top` rows and `left` columns before; spans =
-    phase_rows(...)). Only the input's own elements are written (the padding's stay as they are)."""
+    phase_rows(...)). Only rows q0..q1 - 1 of each plane, and there only the input's own elements, are written
+    (the padding's stay as they are)."""
     for p in range(sh):
         for q in range(sw):
             k = p * sw + q
             base = at + k * hq * wq + spans[k, 2]
             first, cols = spans[k, 3], spans[k, 4]
-            for r in range(spans[k, 0], spans[k, 1]):
+            for r in range(max(spans[k, 0], q0), min(spans[k, 1], q1)):
                 copy_f32(dst, base + r * wq, flat, src + (p + sh * r - top) * w + first, cols, sw)
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def fill_phases(x, phases, sh, sw, top, left, hq, wq):  # pragma: no cover - compiled
-    """fill_channel for every image and channel: phases (N, C, L) arrives zeroed, channel c of image b at
-    phases[b, c]."""
+def fill_phases(x, phases, sh, sw, top, left, hq, wq, q0, q1):  # pragma: no cover - compiled
+    """fill_channel for every image and channel, rows q0..q1 - 1 of each phase plane: phases (N, C, L) arrives
+    zeroed, channel c of image b at phases[b, c]."""
     n, c, h, w = x.shape
     xf, dst = x.reshape(-1), phases.reshape(-1)
     spans = phase_rows(h, w, sh, sw, top, left, hq, wq)
     for b in range(n):
         for ch in range(c):
-            fill_channel(xf, (b * c + ch) * h * w, w, dst, (b * c + ch) * phases.shape[2], sh, sw, top, hq, wq, spans)
+            fill_channel(xf, (b * c + ch) * h * w, w, dst, (b * c + ch) * phases.shape[2], sh, sw, top, hq, wq, spans,
+                         q0, q1)
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
@@ -300,7 +302,7 @@ def im2col_2d(x, cols, sh, sw, dh, dw, top, left, hp, wp):  # pragma: no cover -
     spans = phase_rows(h, w, 1, 1, top, left, hp, wp)
     for b in range(n):
         for ch in range(c):
-            fill_channel(xf, (b * c + ch) * h * w, w, padded, 0, 1, 1, top, hp, wp, spans)
+            fill_channel(xf, (b * c + ch) * h * w, w, padded, 0, 1, 1, top, hp, wp, spans, 0, hp)
             for ky in range(kh):
                 for kx in range(kw):
                     base = (((b * c + ch) * kh + ky) * kw + kx) * oh * ow

@@ -30,9 +30,9 @@ from .atomics import backoff as _backoff
 from .atomics import load as _load
 from .atomics import store as _store
 from .atomics import swap as _swap
-from .conv_kernels import bias_act_block, bias_act_rows, direct_rows, tap_planes
-from .pool_layout import (FINISHED, KIND, KIND_NATIVE, NEXT, ROW_BIAS_ACT, ROW_DIRECT, ROW_GEMM, ROW_GEMV, ROW_SKINNY,
-                          ROW_TAPS, WORKED, YIELD)
+from .conv_kernels import bias_act_block, bias_act_rows, direct_rows, fill_phases, tap_planes
+from .pool_layout import (FINISHED, KIND, KIND_NATIVE, NEXT, ROW_BIAS_ACT, ROW_DIRECT, ROW_FILL, ROW_GEMM, ROW_GEMV,
+                          ROW_SKINNY, ROW_TAPS, WORKED, YIELD)
 from .simd import SKINNY_ROWS, skinny_f32
 
 _I32, _I64, _F32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
@@ -140,6 +140,10 @@ def _run_row(ti, tf, r):  # pragma: no cover - compiled
         direct_rows(phases, w, offsets, y, ti[r, 11], ti[r, 12], ti[r, 13], ti[r, 25], ti[r, 26], ti[r, 14], ti[r, 15],
                     bias, ti[r, 18] != 0, ti[r, 19], np.float32(tf[r, 0]), np.float32(tf[r, 1]), ti[r, 20] != 0,
                     np.float32(tf[r, 2]), ti[r, 21] != 0, np.float32(tf[r, 3]), res, ti[r, 24] != 0)
+    elif kind == ROW_FILL:
+        x = numba.carray(_f32_at(ti[r, 1]), (ti[r, 2], ti[r, 3], ti[r, 4], ti[r, 5]))
+        phases = numba.carray(_f32_at(ti[r, 6]), (ti[r, 2], ti[r, 3], ti[r, 7]))
+        fill_phases(x, phases, ti[r, 8], ti[r, 9], ti[r, 10], ti[r, 11], ti[r, 12], ti[r, 13], ti[r, 14], ti[r, 15])
     elif kind == ROW_SKINNY:
         rows, k, n = ti[r, 4], ti[r, 5], ti[r, 6]
         out = numba.carray(_f32_at(ti[r, 1]), (rows * n,))
@@ -365,6 +369,15 @@ def put_taps(ti, tf, r, x, phases, taps, offsets, y, n, c0, c1, grid, wq, sh, sw
     ti[r, 30], ti[r, 31] = has_lo, has_hi
     ti[r, 32], ti[r, 33], ti[r, 34] = res.ctypes.data, res.size, has_res
     tf[r, 0], tf[r, 1], tf[r, 2], tf[r, 3] = alpha, beta, lo, hi
+
+
+@numba.njit(cache=True, nogil=True)
+def put_fill(ti, tf, r, x, phases, sh, sw, top, left, hq, wq, q0, q1):  # pragma: no cover - compiled
+    """Row r: conv_kernels.fill_phases(x, phases, sh, sw, top, left, hq, wq, q0, q1) (x (N, C, H, W) and phases
+    (N, C, L) float32, C-contiguous)."""
+    ti[r, 0], ti[r, 1], ti[r, 2], ti[r, 3], ti[r, 4], ti[r, 5] = ROW_FILL, x.ctypes.data, *x.shape
+    ti[r, 6], ti[r, 7], ti[r, 8], ti[r, 9], ti[r, 10] = phases.ctypes.data, phases.shape[2], sh, sw, top
+    ti[r, 11], ti[r, 12], ti[r, 13], ti[r, 14], ti[r, 15] = left, hq, wq, q0, q1
 
 
 @numba.njit(cache=True, nogil=True)
