@@ -252,3 +252,63 @@ def test_chains_of_0d_values_run():
     want = -((6 - (-5)) - 0.5) ** 2
     y = Session().compile(g.build()).run({"x": xv})["y"]
     assert isinstance(y, np.ndarray) and y.shape == () and float(y) == pytest.approx(want)  # an array, not a scalar
+
+
+@pytest.mark.parametrize("rows", [1, 5, 40])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_tall_matmul_weights_are_held_column_major(rows, threads):
+    """A weight matrix with more rows than columns that only MatMul reads, as its right operand, is held in
+    column-major order on the CPU (plan.MIN_COLUMN_MAJOR); a wide one, a small one, or one another op also reads,
+    keeps its layout. The products are numpy's (float64) within float32 rounding, at 1 and 2 threads."""
+    from threadpoolctl import threadpool_limits
+
+    from rlx_runtime import plan as plan_module
+
+    rng = np.random.default_rng(7)
+    k = 512
+    consts = {"tall": rng.standard_normal((k, 256)), "wide": rng.standard_normal((256, 640)),
+              "shared": rng.standard_normal((k, 256)), "small": rng.standard_normal((64, 8))}
+    g = GraphBuilder()
+    x = g.input("x", "f32", ["m", k])
+    c = {n: g.constant(v.astype(np.float32), name=n) for n, v in consts.items()}
+    h = g.op("MatMul", x, c["tall"], name="h")
+    y = g.op("MatMul", h, c["wide"], name="y")
+    s = g.op("MatMul", x, c["shared"], name="s")
+    g.output(y)
+    z = g.input("z", "f32", [256, 3])
+    g.output(s)
+    g.output(g.op("MatMul", c["shared"], z, name="s2"))  # also the left operand: keeps its layout
+    g.output(g.op("MatMul", g.op("Slice", x, starts=[0], ends=[64], axes=[1]), c["small"], name="t"))
+    compiled = Session().compile(g.build())
+    plan = compiled._plan
+    layout = {n: plan.base[plan.slot[n]].flags.f_contiguous for n in consts}
+    assert layout == {"tall": True, "wide": False, "shared": False, "small": False}
+    assert consts["tall"].size >= plan_module.MIN_COLUMN_MAJOR > consts["small"].size
+    xin = rng.standard_normal((rows, k)).astype(np.float32)
+    zin = rng.standard_normal((256, 3)).astype(np.float32)
+    with threadpool_limits(threads, "blas"):
+        out = compiled.run({"x": xin, "z": zin})
+    w = {n: v.astype(np.float32).astype(np.float64) for n, v in consts.items()}
+    x64 = xin.astype(np.float64)
+    np.testing.assert_allclose(out["y"], x64 @ w["tall"] @ w["wide"], rtol=1e-4, atol=2e-3)
+    np.testing.assert_allclose(out["s"], x64 @ w["shared"], rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(out["s2"], w["shared"] @ zin.astype(np.float64), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(out["t"], x64[:, :64] @ w["small"], rtol=1e-4, atol=1e-4)
+
+
+def test_a_few_rows_matmul_runs_before_numba_is_loaded():
+    """A small batch through a linear layer (2-16 rows: the few-rows GEMM, a numba kernel) in a process that has
+    not loaded numba takes the BLAS instead of failing, and leaves numba unloaded."""
+    import subprocess
+    import sys
+    code = ("import sys, numpy as np\nfrom rlx_format import GraphBuilder\nfrom rlx_runtime import Session\n"
+            "g = GraphBuilder()\nx = g.input('x', 'f32', [5, 64])\n"
+            "w = np.random.default_rng(0).standard_normal((64, 128)).astype(np.float32)\n"
+            "g.output(g.op('MatMul', x, g.constant(w, name='w'), name='y'))\n"
+            "xin = np.random.default_rng(1).standard_normal((5, 64)).astype(np.float32)\n"
+            "y = Session().compile(g.build()).run({'x': xin})['y']\n"
+            "assert np.allclose(y, xin.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)\n"
+            "print('numba' in sys.modules)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() == "False"

@@ -597,9 +597,11 @@ SKINNY_MAX_ROWS = 16  # measured against OpenBLAS (1 thread): 8x256 @ 256x1024 4
 def few_rows_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
     """a @ b for a float32 a with 2..SKINNY_MAX_ROWS rows times a C-contiguous float32 b (k, n) (a weight matrix:
     an LSTM step's state times Rᵀ, a small batch through a linear layer), by simd.skinny_f32 (numba): columns in
-    one chunk per thread. None when it does not apply (the caller then uses matmul)."""
+    one chunk per thread. None when it does not apply (the caller then uses matmul), or while numba is not loaded
+    (a forward that needs it for nothing else does not load it for this)."""
     if not (a.ndim == 2 and b.ndim == 2 and a.dtype == b.dtype == np.float32 and 2 <= a.shape[0] <= SKINNY_MAX_ROWS
-            and b.flags.c_contiguous and a.shape[1] == b.shape[0] and a.shape[1] >= 16 and b.shape[1] >= 64):
+            and b.flags.c_contiguous and a.shape[1] == b.shape[0] and a.shape[1] >= 16 and b.shape[1] >= 64
+            and _kernels() is not None):
         return None
     a = np.ascontiguousarray(a)
     m, n = a.shape[0], b.shape[1]
