@@ -312,3 +312,45 @@ def test_a_few_rows_matmul_runs_before_numba_is_loaded():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "False"
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("shape,axis,with_bias", [((8, 16, 384), -1, True), ((3, 7), -1, False),
+                                                  ((2, 5, 3, 11), -2, True), ((4, 1), -1, True),
+                                                  ((2, 3, 40), 1, False)], ids=str)
+def test_cpu_layer_norm_rows_match_the_generic_kernel(shape, axis, with_bias, monkeypatch):
+    """Once numba is loaded a float32 LayerNorm runs a row at a time (ufuncs.layer_norm_rows): the generic
+    kernel's values within float32 rounding (its sums in another order), NaN and Inf rows as NaN rows, the same
+    shape; float64 and a scale of another size take the generic kernel."""
+    from rlx_format.numba_setup import numba  # noqa: F401 - the row kernel runs once numba is loaded
+    from rlx_runtime import ufuncs
+    from rlx_runtime.backend import CPU
+    from rlx_runtime.kernels import nn
+
+    calls = []
+    real = ufuncs.layer_norm_rows
+    monkeypatch.setattr(ufuncs, "layer_norm_rows", lambda *a: calls.append(1) or real(*a))
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal(shape) * 3 + 1).astype(np.float32)
+    norm = shape[axis % len(shape):]
+    scale = rng.standard_normal(norm).astype(np.float32)
+    bias = rng.standard_normal(norm).astype(np.float32) if with_bias else None
+    x.reshape(-1, int(np.prod(norm)))[0, 0] = np.nan  # a NaN row
+    if x.reshape(-1, int(np.prod(norm))).shape[0] > 2:
+        x.reshape(-1, int(np.prod(norm)))[2, -1] = np.inf
+    a = {"axis": axis, "epsilon": 1e-5}
+    args = (scale,) if bias is None else (scale, bias)
+    got = CPU.kernel("LayerNorm")(np, a, x, *args)
+    want = nn._layernorm(np, a, x, *args)
+    assert calls == [1] and got.shape == want.shape and got.dtype == np.float32
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+    ref = x.astype(np.float64)
+    axes = tuple(range(axis % x.ndim, x.ndim))
+    d = ref - ref.mean(axis=axes, keepdims=True)
+    exact = d / np.sqrt((d * d).mean(axis=axes, keepdims=True) + 1e-5) * scale + (0 if bias is None else bias)
+    fin = np.isfinite(exact)
+    np.testing.assert_allclose(got[fin], exact[fin], rtol=1e-4, atol=1e-4)
+    calls.clear()
+    CPU.kernel("LayerNorm")(np, a, x.astype(np.float64), *(v.astype(np.float64) for v in args))
+    assert calls == []

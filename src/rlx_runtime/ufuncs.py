@@ -32,7 +32,7 @@ from .simd import EXP_ABS_MAX as _ABS_MAX
 from .simd import EXP_INV_LN2 as _INV_LN2
 from .simd import EXP_LN2_HI as _LN2_HI
 from .simd import EXP_LN2_LO as _LN2_LO
-from .simd import EXP_TERMS, sigmoid_array
+from .simd import EXP_TERMS, sigmoid_array, sum_f32
 from .numba_parallel import parallel_call  # also selects numba's threading layer before any parallel ufunc runs
 
 PARALLEL_MIN_SIZE = 1 << 15
@@ -304,6 +304,34 @@ def silu(x: np.ndarray) -> np.ndarray:
     if x.dtype == np.float32:
         return _sigmoid_f32(x, True)
     return x * sigmoid(x)
+
+
+# ------------------------------------------------------------------ LayerNorm, a row at a time
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def layer_norm_rows(x, scale, bias, has_bias, out, width, eps):  # pragma: no cover - compiled
+    """LayerNorm of flat float32 x's rows of `width` into out, with scale (and bias) of `width` each: per row
+    mean = sum / width, d = x - mean, var = sum(d * d) / width, out = d / sqrt(var + eps) * scale (+ bias), each
+    sum by simd.sum_f32 (one vector order: the same bits on every CPU), the rest the generic kernel's steps in
+    float32 (no fma). A row stays in L1 through its passes: MiniLM's 8x128x384 0.33 ms, numpy's eight passes over
+    the whole tensor (pairwise reductions and broadcasts) 1.6 ms warm, 3.6 ms inside a forward (Rocket Lake)."""
+    count = np.float32(width)
+    sq = np.empty(width, np.float32)  # d * d, then d / root: a scratch row apart from out (the loops vectorize)
+    for at in range(0, x.size, width):
+        row, dst = x[at:at + width], out[at:at + width]
+        mean = np.float32(sum_f32(x, at, width) / count)
+        for i in range(width):
+            d = row[i] - mean
+            dst[i] = d
+            sq[i] = d * d
+        root = np.float32(np.sqrt(np.float32(np.float32(sum_f32(sq, 0, width) / count) + eps)))
+        for i in range(width):
+            sq[i] = dst[i] / root
+        if has_bias:
+            for i in range(width):
+                dst[i] = sq[i] * scale[i] + bias[i]
+        else:
+            for i in range(width):
+                dst[i] = sq[i] * scale[i]
 
 
 # ------------------------------------------------------------------ a tensor times one scale per row

@@ -14,6 +14,7 @@ from rlx_format.ops import window_count
 from .. import conv_direct, conv_pointwise, conv_shifted, conv_taps, threads
 from ..backend import backend_of
 from ..clamp import relu
+from .elementwise import _ufuncs
 from .registry import kernel, register
 
 register("MatMul", lambda xp, a, x, y: xp.matmul(x, y))
@@ -475,6 +476,22 @@ def _layernorm(xp, a, x, scale, bias=None):
     var = xp.mean(d * d, axis=axes, keepdims=True)
     y = d / xp.sqrt(var + x.dtype.type(a["epsilon"])) * scale
     return y if bias is None else y + bias
+
+
+@kernel("LayerNorm", backend="cpu")
+def _layernorm_cpu(xp, a, x, scale, bias=None):
+    """float32 once numba is loaded, scale and bias the normalized shape's size: a row at a time (ufuncs.
+    layer_norm_rows; each sum in one vector order); else the generic kernel."""
+    axis = a["axis"] % x.ndim
+    width = math.prod(x.shape[axis:])
+    if not (x.dtype == scale.dtype == np.float32 and _numba_loaded() and width > 0 and x.size > 0
+            and scale.size == width and (bias is None or (bias.dtype == np.float32 and bias.size == width))):
+        return _layernorm(xp, a, x, scale, bias)
+    out = np.empty(x.shape, np.float32)
+    b = np.ascontiguousarray(bias).reshape(-1) if bias is not None else out.reshape(-1)[:0]
+    _ufuncs().layer_norm_rows(np.ascontiguousarray(x).reshape(-1), np.ascontiguousarray(scale).reshape(-1), b,
+                              bias is not None, out.reshape(-1), width, np.float32(a["epsilon"]))
+    return out
 
 
 @kernel("RMSNorm")
