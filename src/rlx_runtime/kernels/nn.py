@@ -14,7 +14,6 @@ from rlx_format.ops import window_count
 from .. import conv_direct, conv_pointwise, conv_shifted, conv_taps, threads
 from ..backend import backend_of
 from ..clamp import relu
-from .elementwise import _ufuncs
 from .registry import kernel, register
 
 register("MatMul", lambda xp, a, x, y: xp.matmul(x, y))
@@ -226,6 +225,13 @@ def _pointwise_2d(a, x, w) -> bool:
     """A 1x1, stride-1, unpadded, group-1 2-D conv: its input is the column matrix."""
     return (x.ndim == 4 and w.shape[2] == w.shape[3] == 1 and a["group"] == 1 and not any(a.get("pads") or ())
             and all(s == 1 for s in a.get("strides") or ()))
+
+
+@functools.cache
+def _ufuncs():
+    """ufuncs (numba), imported on first use (an import statement per call cost ~1 us)."""
+    from .. import ufuncs
+    return ufuncs
 
 
 @functools.cache
