@@ -103,8 +103,15 @@ def _unsure(r):  # pragma: no cover - compiled
     return np.float32(r - m) != np.float32(r + m)
 
 
-# error_model="numpy" as for the sigmoid below: no exception branch in the loop, so it vectorizes
-@numba.njit(cache=True, parallel=True, error_model="numpy")
+# error_model="numpy" as for the sigmoid below: no exception branch in the loop, so it vectorizes. The estimate
+# may contract its multiply-adds into fma ("contract", as every fast-path loop here): it only decides which results
+# are certain, its margin FAST_TOL is ~1e5 times the double rounding error either way, and the exhaustive check
+# (erf and GELU, every float32 input) found 0 differences with it. GELU on [8,128,1536] at 1 thread (Rocket Lake):
+# 6.0-6.4 ms with separate multiplies and adds, 3.4-4.7 ms contracted.
+_FAST_MATH = {"contract"}
+
+
+@numba.njit(cache=True, parallel=True, error_model="numpy", fastmath=_FAST_MATH)
 def _erf_fast_parallel(x, out, unsure):  # pragma: no cover - compiled
     for i in numba.prange(x.size):
         r = _erf_estimate(np.float64(x[i]))
@@ -112,7 +119,7 @@ def _erf_fast_parallel(x, out, unsure):  # pragma: no cover - compiled
         unsure[i] = _unsure(r)
 
 
-@numba.njit(cache=True, error_model="numpy")
+@numba.njit(cache=True, error_model="numpy", fastmath=_FAST_MATH)
 def _erf_fast_serial(x, out, unsure):  # pragma: no cover - compiled
     for i in range(x.size):
         r = _erf_estimate(np.float64(x[i]))
@@ -179,7 +186,7 @@ def erf(x: np.ndarray) -> np.ndarray:
 
 # the same float32 steps as Div -> Erf -> Add -> Mul -> Mul, erf as in erf() (fast path, then the exact
 # one where the fast one is unsure)
-@numba.njit(cache=True, parallel=True, error_model="numpy")
+@numba.njit(cache=True, parallel=True, error_model="numpy", fastmath=_FAST_MATH)
 def _gelu_fast(x, out, unsure):  # pragma: no cover - compiled
     for i in numba.prange(x.size):
         v = x[i]
