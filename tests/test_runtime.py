@@ -315,6 +315,46 @@ def test_a_few_rows_matmul_runs_before_numba_is_loaded():
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("shape", [(8, 12, 128, 128), (3, 7), (5, 1), (2, 3, 45), (0, 5)], ids=str)
+def test_cpu_softmax_rows_match_the_generic_kernel(shape, monkeypatch):
+    """Once numba is loaded a float32 Softmax over the last axis runs a row at a time (ufuncs.softmax_rows): the
+    generic kernel's values within float32 rounding (its own exp and sum order) and float64's, the same NaN
+    pattern (a NaN row, a row with +inf, a row of -inf: the last two by the generic steps), deterministic from run
+    to run; another axis or float64 takes the generic kernel."""
+    from rlx_format.numba_setup import numba  # noqa: F401 - the row kernel runs once numba is loaded
+    from rlx_runtime import ufuncs
+    from rlx_runtime.backend import CPU
+    from rlx_runtime.kernels import elementwise
+
+    calls = []
+    real = ufuncs.softmax_rows
+    monkeypatch.setattr(ufuncs, "softmax_rows", lambda *a: calls.append(1) or real(*a))
+    rng = np.random.default_rng(12)
+    x = (rng.standard_normal(shape) * 4).astype(np.float32)
+    if x.size and x.size // shape[-1] > 3 and shape[-1] > 2:
+        rows = x.reshape(-1, shape[-1])
+        rows[0, 1], rows[1, 2], rows[2, :] = np.nan, np.inf, -np.inf
+    a = {"axis": -1}
+    got = CPU.kernel("Softmax")(np, a, x)
+    want = elementwise._softmax(np, a, x)
+    assert calls == ([1] if x.size else []) and got.shape == want.shape and got.dtype == np.float32
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    ref = x.astype(np.float64)
+    with np.errstate(all="ignore"):
+        e = np.exp(ref - ref.max(axis=-1, keepdims=True))
+        exact = e / e.sum(axis=-1, keepdims=True)
+    fin = np.isfinite(exact)
+    np.testing.assert_allclose(got[fin], exact[fin], rtol=3e-6, atol=1e-8)
+    np.testing.assert_array_equal(CPU.kernel("Softmax")(np, a, x.copy()), got)
+    calls.clear()
+    if x.size:  # (an empty axis has no max)
+        CPU.kernel("Softmax")(np, {"axis": 0}, x)
+    CPU.kernel("Softmax")(np, a, x.astype(np.float64))
+    assert calls == []
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 @pytest.mark.parametrize("shape,axis,with_bias", [((8, 16, 384), -1, True), ((3, 7), -1, False),
                                                   ((2, 5, 3, 11), -2, True), ((4, 1), -1, True),
                                                   ((2, 3, 40), 1, False)], ids=str)

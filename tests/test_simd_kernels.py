@@ -337,9 +337,9 @@ def test_tap_rows_sum_each_output_by_fma_in_tap_order(rows, count, pitch, src_pi
     assert np.all(dst[~written] == 7.0)
 
 # ---------------------------------------------------------------- sigmoid_f32 (Sigmoid, SiLU, their conv epilogues)
-def _sigmoid_steps(x: np.ndarray, silu: bool) -> np.ndarray:
-    """The documented float32 steps (simd.py, above EXP_ABS_MAX) in numpy, one IEEE operation at a time (fma
-    emulated exactly)."""
+def _exp_neg_abs_steps(x: np.ndarray) -> np.ndarray:
+    """exp(-|x|) by the documented float32 steps (simd.py, above EXP_ABS_MAX) in numpy, one IEEE operation at a time
+    (fma emulated exactly); NaN gives exp(-EXP_ABS_MAX) = 0."""
     f = np.float32
     from rlx_runtime import simd as u
     with np.errstate(all="ignore"):
@@ -353,7 +353,14 @@ def _sigmoid_steps(x: np.ndarray, silu: bool) -> np.ndarray:
         e = fma32(p, s * s, s) + f(1.0)
         ki = k.astype(np.int32)
         k1 = np.maximum(ki, u.SCALE_MIN)
-        t = e * ((k1 + 127) << 23).astype(np.int32).view(f) * (((ki - k1) + 127) << 23).astype(np.int32).view(f)
+        return e * ((k1 + 127) << 23).astype(np.int32).view(f) * (((ki - k1) + 127) << 23).astype(np.int32).view(f)
+
+
+def _sigmoid_steps(x: np.ndarray, silu: bool) -> np.ndarray:
+    """sigmoid_f32's documented float32 steps (simd.py, above EXP_ABS_MAX) in numpy."""
+    f = np.float32
+    t = _exp_neg_abs_steps(x)
+    with np.errstate(all="ignore"):
         r = np.where(x >= 0, f(1.0), t) / (f(1.0) + t)
         r = np.where(np.isnan(x), x, r).astype(f)
         return (x * r).astype(f) if silu else r
@@ -430,3 +437,102 @@ def test_sigmoid_f32_reads_and_writes_nothing_past_the_end():
         "    dst, m2 = t._guarded(count)\n"
         "    run(dst, src, count)\n"
         "    assert np.array_equal(dst, t._sigmoid_steps(src + np.float32(1.0), True)), count\n")
+
+
+# ---------------------------------------------------------------- max_f32 and exp_shifted_f32 (the row softmax)
+@pytest.fixture(scope="module")
+def row_max():
+    from rlx_format.numba_setup import numba
+    from rlx_runtime.simd import max_f32
+
+    @numba.njit(error_model="numpy")
+    def run(src, start, count):
+        return max_f32(src, start, count)
+    return run
+
+
+def _max_ignoring_nan(x: np.ndarray) -> np.float32:
+    ok = x[~np.isnan(x)]
+    return np.float32(ok.max()) if ok.size else np.float32(-np.inf)
+
+
+def test_max_f32_skips_nan_for_every_count_and_offset(row_max):
+    """The largest non-NaN value (-inf when there is none) for every count through whole vectors and the masked
+    tail, at three offsets; the maximum anywhere in the row (first, middle, last lane of the tail) is found."""
+    src = (R.standard_normal(400) * 10).astype(np.float32)
+    src[R.random(400) < 0.1] = np.nan
+    for count in range(0, 130):
+        for start in (0, 5, 33):
+            assert row_max(src, start, count) == _max_ignoring_nan(src[start:start + count]), (count, start)
+    for where in (0, 31, 32, 63, 64, 70):
+        x = np.full(71, -5.0, np.float32)
+        x[where] = 3.0
+        assert row_max(x, 0, 71) == 3.0, where
+    assert row_max(np.full(40, np.nan, np.float32), 0, 40) == -np.inf
+    x = np.array([np.nan, -np.inf, 1.0, np.inf, 2.0], np.float32)
+    assert row_max(x, 0, 5) == np.inf and row_max(x, 0, 3) == 1.0 and row_max(x, 0, 2) == -np.inf
+
+
+def test_max_f32_reads_nothing_past_the_row():
+    _in_a_child(
+        "from rlx_runtime.simd import max_f32\n"
+        "@numba.njit(error_model='numpy')\n"
+        "def run(src, count):\n"
+        "    return max_f32(src, 0, count)\n"
+        "for count in range(1, 100):\n"
+        "    src, m = t._guarded(count)\n"
+        "    src[:] = np.arange(count, dtype=np.float32)\n"
+        "    assert run(src, count) == count - 1, count\n")
+
+
+@pytest.fixture(scope="module")
+def exp_run():
+    from rlx_format.numba_setup import numba
+    from rlx_runtime.simd import exp_shifted_f32
+
+    @numba.njit(error_model="numpy")
+    def run(dst, at, src, start, count, shift):
+        exp_shifted_f32(dst, at, src, start, count, shift)
+    return run
+
+
+def _exp_shifted_steps(x: np.ndarray, shift: np.float32) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        d = (x - shift).astype(np.float32)
+    return np.where(np.isnan(d), d, _exp_neg_abs_steps(d)).astype(np.float32)
+
+
+def test_exp_shifted_f32_is_the_sigmoid_exp_to_the_bit_and_within_one_ulp(exp_run):
+    """exp(x - shift) for x <= shift: the difference rounded once, then the sigmoid's exp steps (every value class
+    and random bit patterns through the vector loop and the tail), NaN kept; and within 1 ulp of the correctly
+    rounded exp of that difference."""
+    from cpu_target_probe import special_floats
+
+    x = np.concatenate([special_floats(), R.integers(0, 2**32, 50_000, dtype=np.uint64).astype(np.uint32)
+                        .view(np.float32)])
+    for shift in (np.float32(np.inf), np.float32(3e38), np.float32(0.0)):
+        src = x[~(x > shift)]  # the kernel's contract: shift is at least every non-NaN element
+        out = np.empty_like(src)
+        exp_run(out, 0, src, 0, src.size, shift)
+        np.testing.assert_array_equal(out.view(np.uint32), _exp_shifted_steps(src, shift).view(np.uint32))
+    d = -(R.random(100_000) * 103).astype(np.float32)  # every result normal or subnormal, none flushed
+    out = np.empty_like(d)
+    exp_run(out, 0, d, 0, d.size, np.float32(0.0))
+    want = np.exp(d.astype(np.float64)).astype(np.float32)
+    normal = want >= np.finfo(np.float32).tiny
+    ulps = np.abs(out.view(np.int32).astype(np.int64) - want.view(np.int32))
+    assert ulps[normal].max() <= 1 and ulps[~normal].max() <= 1
+
+
+def test_exp_shifted_f32_in_place_and_every_count_touches_only_its_elements(exp_run):
+    x = -(R.random(200) * 20).astype(np.float32)
+    for count in range(0, 70):
+        dst = np.full(100, 7.0, np.float32)
+        exp_run(dst, 5, x, 3, count, np.float32(0.5))
+        want = np.full(100, 7.0, np.float32)
+        want[5:5 + count] = _exp_shifted_steps(x[3:3 + count], np.float32(0.5))
+        np.testing.assert_array_equal(dst, want, err_msg=f"count {count}")
+        y = x.copy()
+        exp_run(y, 3, y, 3, count, np.float32(0.0))
+        np.testing.assert_array_equal(y[3:3 + count], _exp_shifted_steps(x[3:3 + count], np.float32(0.0)))
+        np.testing.assert_array_equal(np.delete(y, np.s_[3:3 + count]), np.delete(x, np.s_[3:3 + count]))

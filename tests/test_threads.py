@@ -166,6 +166,7 @@ def test_a_conv_and_attention_graph_agrees_at_one_and_two_threads():
                                   "conv-like: 2-D weights times one image's columns", "batched, weights broadcast",
                                   "small (not split)"])
 def test_the_epilogue_sees_every_block_once(case):
+    from rlx_format.numba_setup import numba  # noqa: F401 - without numba the BLAS's own threads take a split GEMM
     a, b = CASES[case]
     m = a.shape[-2]
     row_bias = np.arange(m, dtype=np.float32) * np.float32(0.5)
@@ -199,32 +200,47 @@ def _attention_cases():
     yield "head blocks (one sequence)", f(1, 16, 128, 64), f(1, 16, 128, 64), f(1, 16, 128, 64), None, False
     yield "3-D", f(16, 256, 64), f(16, 256, 64), f(16, 256, 64), None, False
     yield "shared keys (size-1 batch axis)", f(8, 4, 128, 32), f(1, 4, 128, 32), f(1, 4, 128, 32), None, False
+    fully = r.random((8, 1, 1, 128)) < 0.7
+    fully[2] = False  # batch 2 attends to nothing: its rows give zeros
+    yield "a fully masked batch", f(8, 4, 128, 32), f(8, 4, 128, 32), f(8, 4, 128, 32), fully, False
+    plus = np.zeros((8, 1, 1, 128), np.float32)
+    plus[5, 0, 0, 7] = np.inf  # an +inf score: its rows' max is not finite
+    yield "an +inf score", f(8, 4, 128, 32), f(8, 4, 128, 32), f(8, 4, 128, 32), plus, False
 
 
 @pytest.mark.parametrize("case", list(_attention_cases()), ids=lambda c: c[0])
 @pytest.mark.parametrize("n", [1, 2])
-def test_blocked_attention_equals_the_generic_kernel_bitwise(case, n):
+def test_blocked_attention_equals_the_whole_tensor_bitwise(case, n):
+    """The CPU kernel's blocks (along the batch or head axis, over the threads) give the bits of one unblocked
+    _sdpa_block_cpu call on the whole tensor at one thread; that (its row softmax once numba is loaded) is the
+    generic kernel's values within float32 rounding, and float64's."""
+    from rlx_format.numba_setup import numba  # noqa: F401 - the row softmax runs once numba is loaded
     from rlx_runtime.kernels import nn
 
     _, q, k, v, mask, causal = case
     a = {"scale": None, "causal": causal}
     with threadpool_limits(limits=1, user_api="blas"), np.errstate(all="ignore"):
-        want = nn._sdpa(np, a, q, k, v, mask)
+        want = nn._sdpa_block_cpu(a, q, k, v, mask)
+        generic = nn._sdpa(np, a, q, k, v, mask)
+        exact = nn._sdpa(np, a, q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), mask)
     blocks = []
-    real = nn._sdpa
+    real = nn._sdpa_block_cpu
 
-    def spy(xp, a_, q_, *rest):
+    def spy(a_, q_, *rest):
         blocks.append(q_.shape)
-        return real(xp, a_, q_, *rest)
+        return real(a_, q_, *rest)
 
     with threadpool_limits(limits=n, user_api="blas"), forward_threads(), np.errstate(all="ignore"):
         try:
-            nn._sdpa = spy
+            nn._sdpa_block_cpu = spy
             got = nn._sdpa_cpu(np, a, q, k, v, mask)
         finally:
-            nn._sdpa = real
+            nn._sdpa_block_cpu = real
     np.testing.assert_array_equal(got, want)
     assert len(blocks) > 1  # these cases are large enough to be split
+    np.testing.assert_array_equal(np.isnan(want), np.isnan(generic))
+    np.testing.assert_allclose(want, generic, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(want, exact, rtol=1e-5, atol=2e-6)
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")

@@ -717,6 +717,51 @@ def sum_f32(typingctx, src, start, count):
 
     return types.float32(src, start, count), codegen
 
+
+def _select_max(builder, old, new):
+    """new where new > old (an ordered compare: a NaN in new never wins), else old; of scalars or vectors."""
+    return builder.select(builder.fcmp_ordered(">", new, old), new, old)
+
+
+def _lane_max(builder, v):
+    """_select_max over a vector's lanes by a fixed halving tree."""
+    n = v.type.count
+    while n > 1:
+        n //= 2
+        lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, n), list(range(n))))
+        hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, n), list(range(n, 2 * n))))
+        v = _select_max(builder, lo, hi)
+    return builder.extract_element(v, ir.Constant(_I32, 0))
+
+
+@intrinsic
+def max_f32(typingctx, src, start, count):
+    """The largest non-NaN value of src[start:start + count] (float32), -inf if there is none: vectors of LANES
+    into one accumulator, the last partial vector masked (its missing lanes read -inf; nothing past the end is
+    read), then the lanes by a halving tree. (Of -0.0 and 0.0 the one met first in that order.)"""
+    if not (_is_f32(src) and isinstance(start, types.Integer) and isinstance(count, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        sp = builder.gep(_data(context, builder, sig.args[0], args[0]).data, [builder.sext(args[1], _I64)])
+        n = builder.sext(args[2], _I64) if args[2].type.width < 64 else args[2]
+        low = _const(_VF, float("-inf"))
+        whole = builder.sdiv(n, ir.Constant(_I64, LANES))
+
+        def body(b, state):
+            return [_select_max(builder, state[0], _load_vec(builder, sp, _offset(builder, b, LANES), _VF))]
+
+        (acc,) = _block_loop(builder, ir.Constant(_I64, 0), whole, [low], body)
+        cell = cgutils.alloca_once_value(builder, acc)
+        done = builder.mul(whole, ir.Constant(_I64, LANES))
+        left = builder.sub(n, done)
+        with builder.if_then(builder.icmp_signed(">", left, ir.Constant(_I64, 0))):
+            v = _masked(builder, "load", _VF, builder.gep(sp, [done]), _first_lanes(builder, left, LANES), low)
+            builder.store(_select_max(builder, builder.load(cell), v), cell)
+        return _lane_max(builder, builder.load(cell))
+
+    return types.float32(src, start, count), codegen
+
 # ---------------------------------------------------------------- the float32 sigmoid and SiLU (sigmoid_f32)
 # The float32 sigmoid and SiLU as explicit vector IR (numba intrinsic): the CPU's Sigmoid and Silu ops, the conv
 # epilogues' and the LSTM gates'. One fixed sequence of IEEE operations, so every CPU gives the same bits:
@@ -796,6 +841,33 @@ def _sigmoid_vec(builder, x, silu: bool):
     return builder.fmul(x, r) if silu else r
 
 
+def _map_vectors(builder, dp, sp, n, fn):
+    """dp[i] = fn(sp[i]) for i < n (float32 pointers, n an i64), fn on vectors of SIGMOID_LANES: whole vectors, then
+    one masked vector (nothing outside the n elements is read or written; dp may be sp)."""
+    vf = ir.VectorType(_F32, SIGMOID_LANES)
+    whole = builder.sdiv(n, ir.Constant(_I64, SIGMOID_LANES))
+
+    def body(g, state):
+        at = builder.mul(g, ir.Constant(_I64, SIGMOID_LANES))
+        _store_vec(builder, fn(_load_vec(builder, sp, at, vf)), dp, at)
+        return []
+
+    _block_loop(builder, ir.Constant(_I64, 0), whole, [], body)
+    done = builder.mul(whole, ir.Constant(_I64, SIGMOID_LANES))
+    left = builder.sub(n, done)
+    with builder.if_then(builder.icmp_signed(">", left, ir.Constant(_I64, 0))):
+        mask = _first_lanes(builder, left, SIGMOID_LANES)
+        x = _masked(builder, "load", vf, builder.gep(sp, [done]), mask)
+        _masked(builder, "store", vf, builder.gep(dp, [done]), mask, fn(x))
+
+
+def _span_pointers(context, builder, sig, args):
+    """(dst + at, src + start, count as i64) of an intrinsic's (dst, at, src, start, count, ...) arguments."""
+    dp = builder.gep(_data(context, builder, sig.args[0], args[0]).data, [builder.sext(args[1], _I64)])
+    sp = builder.gep(_data(context, builder, sig.args[2], args[2]).data, [builder.sext(args[3], _I64)])
+    return dp, sp, builder.sext(args[4], _I64) if args[4].type.width < 64 else args[4]
+
+
 @intrinsic
 def sigmoid_f32(typingctx, dst, at, src, start, count, bias, silu):
     """dst[at + i] = f(src[start + i] + bias) for i < count, f sigmoid or, with silu, x * sigmoid(x); bias a
@@ -808,39 +880,48 @@ def sigmoid_f32(typingctx, dst, at, src, start, count, bias, silu):
         return None
 
     def codegen(context, builder, sig, args):
-        dp = builder.gep(_data(context, builder, sig.args[0], args[0]).data, [builder.sext(args[1], _I64)])
-        sp = builder.gep(_data(context, builder, sig.args[2], args[2]).data, [builder.sext(args[3], _I64)])
-        n = builder.sext(args[4], _I64) if args[4].type.width < 64 else args[4]
+        dp, sp, n = _span_pointers(context, builder, sig, args)
         b = args[5] if args[5].type == _F32 else builder.fptrunc(args[5], _F32)
         on = builder.icmp_unsigned("!=", args[6], ir.Constant(args[6].type, 0))
 
-        def run(is_silu: bool):
-            vf = ir.VectorType(_F32, SIGMOID_LANES)
-            bv = _splat(builder, b, vf)
-            whole = builder.sdiv(n, ir.Constant(_I64, SIGMOID_LANES))
+        bv = _splat(builder, b, ir.VectorType(_F32, SIGMOID_LANES))
 
-            def body(g, state):
-                at_ = builder.mul(g, ir.Constant(_I64, SIGMOID_LANES))
-                x = builder.fadd(_load_vec(builder, sp, at_, vf), bv)
-                _store_vec(builder, _sigmoid_vec(builder, x, is_silu), dp, at_)
-                return []
-
-            _block_loop(builder, ir.Constant(_I64, 0), whole, [], body)
-            done = builder.mul(whole, ir.Constant(_I64, SIGMOID_LANES))
-            left = builder.sub(n, done)
-            with builder.if_then(builder.icmp_signed(">", left, ir.Constant(_I64, 0))):
-                mask = _first_lanes(builder, left, SIGMOID_LANES)
-                x = builder.fadd(_masked(builder, "load", vf, builder.gep(sp, [done]), mask), bv)
-                _masked(builder, "store", vf, builder.gep(dp, [done]), mask, _sigmoid_vec(builder, x, is_silu))
+        def act(is_silu: bool):
+            return lambda x: _sigmoid_vec(builder, builder.fadd(x, bv), is_silu)
 
         with builder.if_else(on) as (yes, no):
             with yes:
-                run(True)
+                _map_vectors(builder, dp, sp, n, act(True))
             with no:
-                run(False)
+                _map_vectors(builder, dp, sp, n, act(False))
         return context.get_dummy_value()
 
     return types.void(dst, at, src, start, count, bias, silu), codegen
+
+
+@intrinsic
+def exp_shifted_f32(typingctx, dst, at, src, start, count, shift):
+    """dst[at + i] = exp(src[start + i] - shift) for i < count, for a float32 shift at least every non-NaN element
+    (a softmax row's max): the difference rounded once (<= 0), then exp(-|d|) by the sigmoid's steps
+    (_exp_neg_abs: the same bits on every CPU); NaN stays NaN. dst may be src at the same positions."""
+    ints = all(isinstance(v, types.Integer) for v in (at, start, count))
+    if not (_is_f32(dst) and _is_f32(src) and ints and isinstance(shift, types.Float)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        dp, sp, n = _span_pointers(context, builder, sig, args)
+        m = _splat(builder, args[5] if args[5].type == _F32 else builder.fptrunc(args[5], _F32),
+                   ir.VectorType(_F32, SIGMOID_LANES))
+        scalef = AVX512 and SIGMOID_LANES == 16
+
+        def exp_of(x):
+            d = builder.fsub(x, m)
+            return builder.select(builder.fcmp_unordered("uno", d, d), d, _exp_neg_abs(builder, d, scalef))
+
+        _map_vectors(builder, dp, sp, n, exp_of)
+        return context.get_dummy_value()
+
+    return types.void(dst, at, src, start, count, shift), codegen
 
 
 # Single-threaded on purpose: a parallel kernel's static split waits for every worker thread, which on a loaded

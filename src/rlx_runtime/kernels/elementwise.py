@@ -266,6 +266,16 @@ def _softmax(xp, a, x):
     return e / xp.sum(e, axis=a["axis"], keepdims=True)
 
 
+@kernel("Softmax", backend="cpu")
+def _softmax_cpu(xp, a, x):
+    """float32 over the last axis once numba is loaded: a row at a time in L1 (ufuncs.softmax_rows; its own exp and
+    sum order, the same bits on every CPU); rows with a non-finite max, and the rest, by the generic kernel."""
+    if x.dtype != np.float32 or x.ndim == 0 or a["axis"] % x.ndim != x.ndim - 1 or x.size == 0 or not (
+            sys.modules.get("numba") is not None):
+        return _softmax(xp, a, x)
+    return _ufuncs().softmax_last(x, np.empty(x.shape, np.float32), lambda rows: _softmax(np, {"axis": -1}, rows))
+
+
 @kernel("LogSoftmax")
 def _log_softmax(xp, a, x):
     s = x - xp.max(x, axis=a["axis"], keepdims=True)

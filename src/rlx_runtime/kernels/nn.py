@@ -520,8 +520,8 @@ def _groupnorm(xp, a, x, scale, bias):
     return y * scale.reshape(shp) + bias.reshape(shp)
 
 
-@kernel("ScaledDotProductAttention")
-def _sdpa(xp, a, q, k, v, mask=None):
+def _sdpa_scores(xp, a, q, k, mask):
+    """The attention scores: (q·scale)·kᵀ plus the causal and given masks (a fresh array)."""
     t = q.dtype.type
     scale = a["scale"] if a["scale"] is not None else 1.0 / math.sqrt(q.shape[-1])
     s = backend_matmul(xp, q * t(scale), xp.swapaxes(k, -1, -2))  # scale the (smaller) q, not the scores
@@ -531,12 +531,33 @@ def _sdpa(xp, a, q, k, v, mask=None):
         s += xp.where(xp.tril(xp.ones((lq, lk), dtype=bool)), t(0), neg_inf)
     if mask is not None:
         s += xp.where(mask, t(0), neg_inf) if mask.dtype == bool else mask  # small bias, broadcast in place
+    return s
+
+
+def _sdpa_softmax(xp, s):
+    """Softmax of the scores over the last axis, in place (and returned)."""
+    t = s.dtype.type
     m = xp.max(s, axis=-1, keepdims=True)
     s -= xp.where(xp.isfinite(m), m, t(0))
     xp.exp(s, out=s)
     den = xp.sum(s, axis=-1, keepdims=True)
     s /= xp.where(den == 0, t(1), den)  # fully masked rows give zeros, not NaN
-    return backend_matmul(xp, s, v)
+    return s
+
+
+@kernel("ScaledDotProductAttention")
+def _sdpa(xp, a, q, k, v, mask=None):
+    return backend_matmul(xp, _sdpa_softmax(xp, _sdpa_scores(xp, a, q, k, mask)), v)
+
+
+def _sdpa_block_cpu(a, q, k, v, mask):
+    """_sdpa on the CPU: float32 scores once numba is loaded take the row softmax (ufuncs.softmax_rows, its own exp
+    and sum order; the rows it leaves, a non-finite max, by _sdpa_softmax), the rest _sdpa itself."""
+    if q.dtype != np.float32 or not _numba_loaded():
+        return _sdpa(np, a, q, k, v, mask)
+    s = _sdpa_scores(np, a, q, k, mask)
+    s = _ufuncs().softmax_last(s, s, lambda rows: _sdpa_softmax(np, rows))
+    return backend_matmul(np, s, v)
 
 
 _SDPA_BLOCK_BYTES = 1 << 18  # scores per block: a block's softmax passes stay in the core's L2
@@ -545,13 +566,13 @@ _SDPA_BLOCK_BYTES = 1 << 18  # scores per block: a block's softmax passes stay i
 @kernel("ScaledDotProductAttention", backend="cpu")
 def _sdpa_cpu(xp, a, q, k, v, mask=None):
     """Block by block along the batch axis (or the head axis for one sequence), on the forward's threads:
-    each block's scores stay in cache through the softmax passes. Each block is the generic kernel on its
-    slice, so the values are the generic kernel's."""
+    each block's scores stay in cache through the softmax passes. Each block is _sdpa_block_cpu on its slice, so
+    the values are those of the whole tensor's."""
     axis = 0 if q.shape[0] > 1 or q.ndim < 4 else 1
     scores = math.prod(q.shape[:-1]) * k.shape[-2] * q.itemsize
     if (q.ndim < 3 or q.shape[axis] < 2 or scores < 2 * _SDPA_BLOCK_BYTES or k.ndim != q.ndim or v.ndim != q.ndim
             or not q.dtype == k.dtype == v.dtype or (mask is not None and mask.ndim > q.ndim)):
-        return _sdpa(xp, a, q, k, v, mask)
+        return _sdpa_block_cpu(a, q, k, v, mask)
     from ..threads import run_chunks
     n = q.shape[axis]
     per = max(1, min(n, _SDPA_BLOCK_BYTES * n // scores))  # indices per block
@@ -565,7 +586,7 @@ def _sdpa_cpu(xp, a, q, k, v, mask=None):
         def part(t):
             return t if t is None or t.shape[axis] == 1 else t[s]
 
-        out[s] = _sdpa(xp, a, q[s], part(k), part(v), part(m))
+        out[s] = _sdpa_block_cpu(a, q[s], part(k), part(v), part(m))
 
     run_chunks(-(-n // per), block)
     return out
