@@ -314,6 +314,41 @@ def test_a_few_rows_matmul_runs_before_numba_is_loaded():
     assert r.stdout.strip() == "False"
 
 
+@pytest.mark.parametrize("ctm", ["asymmetric", "half_pixel", "pytorch_half_pixel", "align_corners",
+                                 "tf_half_pixel_for_nn"])
+@pytest.mark.parametrize("nearest", ["floor", "ceil", "round_prefer_floor", "round_prefer_ceil"])
+def test_cpu_nearest_upsample_by_whole_factors_is_the_generic_gather(ctm, nearest, monkeypatch):
+    """Once numba is loaded, a 4-D float32 nearest Resize whose source indices repeat each input row and column a
+    whole number of times copies rows (conv_kernels.repeat_planes): the generic kernel's values, bit for bit, and
+    the same kernel for every other case (N or C resized, index patterns that are not repeats)."""
+    from rlx_format.numba_setup import numba  # noqa: F401 - the row copies run once numba is loaded
+    from rlx_runtime import conv_kernels
+    from rlx_runtime.backend import CPU
+    from rlx_runtime.kernels import data
+
+    calls = []
+    real = conv_kernels.repeat_planes
+    monkeypatch.setattr(conv_kernels, "repeat_planes", lambda *a: calls.append(a[2:]) or real(*a))
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((2, 3, 5, 7)).astype(np.float32)
+    x[0, 0, 0, :3] = [np.nan, -0.0, np.inf]
+    taken = 0
+    for scales in ([1, 1, 2, 2], [1, 1, 2, 3], [1, 1, 1, 2], [1, 1, 3, 1], [1, 2, 2, 2], [2, 1, 1, 1],
+                   [1, 1, 1.5, 2], [1, 1, 0.5, 1]):
+        a = {"sizes": None, "scales": [float(v) for v in scales], "mode": "nearest",
+             "coordinate_transformation_mode": ctm, "nearest_mode": nearest}
+        calls.clear()
+        got = CPU.kernel("Resize")(np, dict(a), x)
+        want = data._resize(np, a, x)
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), err_msg=str(scales))
+        taken += bool(calls)
+        assert not calls or calls == [tuple(int(v) for v in scales[2:])]
+        if scales[:2] != [1, 1] or scales[2] % 1 or scales[3] % 1 or min(scales) < 1:
+            assert not calls, scales
+    if (ctm, nearest) in (("asymmetric", "floor"), ("half_pixel", "round_prefer_floor")):
+        assert taken == 4  # PyTorch's and the ONNX default's nearest upsample: repeats for every whole factor
+
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 @pytest.mark.parametrize("shape", [(8, 12, 128, 128), (3, 7), (5, 1), (2, 3, 45), (0, 5)], ids=str)
 def test_cpu_softmax_rows_match_the_generic_kernel(shape, monkeypatch):

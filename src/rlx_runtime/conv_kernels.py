@@ -323,6 +323,33 @@ def row_means(x, out, width):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
+def repeat_planes(x, y, kh, kw):  # pragma: no cover - compiled
+    """y (planes, h * kh, w * kw) = every element of x (planes, h, w) repeated kw times along its row and each row
+    kh times (a nearest upsample by whole factors), both C-contiguous: each output row is built once (kw == 2 as
+    its own loop, which vectorizes), then copied to the next kh - 1 rows."""
+    planes, h, w = x.shape
+    wo = w * kw
+    xf, yf = x.reshape(-1), y.reshape(-1)
+    for pr in range(planes * h):  # (plane, input row) pairs, in order
+        src = xf[pr * w:(pr + 1) * w]
+        first = yf[pr * kh * wo:(pr * kh + 1) * wo]
+        if kw == 2:
+            for j in range(w):
+                v = src[j]
+                first[2 * j] = v
+                first[2 * j + 1] = v
+        else:
+            for j in range(w):
+                v = src[j]
+                for t in range(kw):
+                    first[j * kw + t] = v
+        for t in range(1, kh):
+            dst = yf[(pr * kh + t) * wo:(pr * kh + t + 1) * wo]
+            for i in range(wo):
+                dst[i] = first[i]
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
 def maxpool_planes(x, y, p0, p1, kh, kw, sh, sw, dh, dw, top, left):  # pragma: no cover - compiled
     """2-D MaxPool of planes p0..p1 of float32 x (planes, h, w) into y (planes, oh, ow): each output starts at
     -inf and takes np.maximum of its window's taps in (ky, kx) order, a tap's as one max_fold_f32 per output row
