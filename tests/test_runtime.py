@@ -314,6 +314,28 @@ def test_a_few_rows_matmul_runs_before_numba_is_loaded():
     assert r.stdout.strip() == "False"
 
 
+def test_a_graph_that_loads_numba_loads_it_at_compile_so_the_first_forward_is_every_forwards():
+    """LayerNorm, then an exact Gelu (whose kernel loads numba), in a fresh process: compile loads numba, so the
+    first forward's LayerNorm already takes its numba row kernel (other bits than the numpy steps) and equals the
+    second forward bit for bit; compiling a Relu graph in a fresh process leaves numba unloaded."""
+    import subprocess
+    import sys
+    head = "import sys, numpy as np\nfrom rlx_format import GraphBuilder\nfrom rlx_runtime import Session\n"
+    gelu = (head + "rng = np.random.default_rng(0)\ng = GraphBuilder()\nx = g.input('x', 'f32', [8, 128, 384])\n"
+            "s = g.constant(rng.standard_normal(384).astype(np.float32), name='s')\n"
+            "g.output(g.op('Gelu', g.op('LayerNorm', x, s, axis=-1, epsilon=1e-5), name='y'))\n"
+            "c = Session().compile(g.build())\nloaded = 'numba' in sys.modules\n"
+            "xin = (rng.standard_normal((8, 128, 384)) * 3 + 1).astype(np.float32)\n"
+            "a, b = c.run({'x': xin})['y'], c.run({'x': xin})['y']\n"
+            "print(loaded, np.array_equal(a.view(np.uint32), b.view(np.uint32)))\n")
+    relu = (head + "g = GraphBuilder()\ng.output(g.op('Relu', g.input('x', 'f32', [4]), name='y'))\n"
+            "Session().compile(g.build())\nprint('numba' in sys.modules)\n")
+    for code, want in ((gelu, ["True", "True"]), (relu, ["False"])):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert r.stdout.split() == want
+
+
 @pytest.mark.parametrize("ctm", ["asymmetric", "half_pixel", "pytorch_half_pixel", "align_corners",
                                  "tf_half_pixel_for_nn"])
 @pytest.mark.parametrize("nearest", ["floor", "ceil", "round_prefer_floor", "round_prefer_ceil"])

@@ -7,6 +7,7 @@ the live set, not the sum of all tensors.
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 
@@ -66,11 +67,27 @@ def matmul_weights(graph: Graph) -> set[str]:
     return found
 
 
+# ops whose CPU kernel loads numba whatever their input (the erf and sigmoid ufuncs, which LSTM and GRU gates use too)
+NUMBA_OPS = frozenset({"Sigmoid", "Silu", "Erf", "LSTM", "GRU"})
+
+
+def loads_numba(graph: Graph) -> bool:
+    """Whether every CPU forward of `graph` loads numba: an op of NUMBA_OPS, an exact (erf) Gelu, or a FusedConv
+    with a Sigmoid or SiLU epilogue. A compile then loads it first, so that the kernels that take their numba
+    path only once numba is loaded (LayerNorm, Softmax, the pointwise and direct convs: other bits than their
+    numpy path) take it from the first forward on; else a first forward that loaded numba half-way (MiniLM's first
+    Gelu, after its first LayerNorm and attention) gave other values than every later one."""
+    return any(n.op in NUMBA_OPS or (n.op == "Gelu" and n.attrs.get("approximate", "none") != "tanh")
+               or (n.op == "FusedConv" and n.attrs.get("activation") in ("Sigmoid", "Silu")) for n in graph.nodes)
+
+
 class Plan:
     def __init__(self, graph: Graph, backend: Backend):
         self.graph = graph
         self.backend = backend
         self.xp = backend.xp
+        if backend.host_arrays and "numba" not in sys.modules and loads_numba(graph):
+            import rlx_format.numba_setup  # noqa: F401 - loads numba with rlx's settings
         slot: dict[str, int] = {}
         for v in graph.inputs + graph.params:
             slot[v.name] = len(slot)
