@@ -113,15 +113,21 @@ def _fma(builder, a, b, c):
     return builder.call(fn, [a, b, c])
 
 
-def _lane_sum(builder, v):
-    """Sum of a vector's lanes by a fixed halving tree (the same order on every CPU)."""
+def _lane_tree(builder, v, combine):
+    """A vector's lanes combined by a fixed halving tree (combine(low half, high half); the same order on every
+    CPU)."""
     n = v.type.count
     while n > 1:
         n //= 2
         lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, n), list(range(n))))
         hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, n), list(range(n, 2 * n))))
-        v = builder.fadd(lo, hi)
+        v = combine(lo, hi)
     return builder.extract_element(v, ir.Constant(_I32, 0))
+
+
+def _lane_sum(builder, v):
+    """Sum of a vector's lanes by the fixed halving tree."""
+    return _lane_tree(builder, v, builder.fadd)
 
 
 def _block_loop(builder, start, stop, init, body):
@@ -724,14 +730,8 @@ def _select_max(builder, old, new):
 
 
 def _lane_max(builder, v):
-    """_select_max over a vector's lanes by a fixed halving tree."""
-    n = v.type.count
-    while n > 1:
-        n //= 2
-        lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, n), list(range(n))))
-        hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, n), list(range(n, 2 * n))))
-        v = _select_max(builder, lo, hi)
-    return builder.extract_element(v, ir.Constant(_I32, 0))
+    """_select_max over a vector's lanes by the fixed halving tree."""
+    return _lane_tree(builder, v, lambda lo, hi: _select_max(builder, lo, hi))
 
 
 @intrinsic
