@@ -352,9 +352,13 @@ def test_cpu_nearest_upsample_by_whole_factors_is_the_generic_gather(ctm, neares
     real = conv_kernels.repeat_planes
     monkeypatch.setattr(conv_kernels, "repeat_planes", lambda *a: calls.append(a[2:]) or real(*a))
     rng = np.random.default_rng(13)
+    taken = 0
+    one_row = rng.standard_normal((1, 2, 1, 3)).astype(np.float32)  # 0.5 of one row: an empty output
+    a = {"sizes": None, "scales": [1.0, 1.0, 0.5, 2.0], "mode": "nearest", "coordinate_transformation_mode": ctm,
+         "nearest_mode": nearest}
+    np.testing.assert_array_equal(CPU.kernel("Resize")(np, dict(a), one_row), data._resize(np, a, one_row))
     x = rng.standard_normal((2, 3, 5, 7)).astype(np.float32)
     x[0, 0, 0, :3] = [np.nan, -0.0, np.inf]
-    taken = 0
     for scales in ([1, 1, 2, 2], [1, 1, 2, 3], [1, 1, 1, 2], [1, 1, 3, 1], [1, 2, 2, 2], [2, 1, 1, 1],
                    [1, 1, 1.5, 2], [1, 1, 0.5, 1]):
         a = {"sizes": None, "scales": [float(v) for v in scales], "mode": "nearest",

@@ -225,7 +225,7 @@ def _repeat_factors(a, shape, sizes, scales) -> tuple[int, int] | None:
     for ax in range(4):
         d_in, d_out = shape[ax], sizes[ax]
         k = d_out // d_in
-        if d_out % d_in or (ax < 2 and k != 1):
+        if k < 1 or d_out % d_in or (ax < 2 and k != 1):  # (an empty output is the generic kernel's)
             return None
         if not (k == 1 and scales[ax] == 1) and not np.array_equal(
                 _nearest_index(np, a, d_in, d_out, scales[ax]), np.repeat(np.arange(d_in), k)):
