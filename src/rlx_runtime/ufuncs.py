@@ -343,13 +343,13 @@ def layer_norm_rows(x, scale, bias, has_bias, out, width, eps):  # pragma: no co
 
 # ------------------------------------------------------------------ softmax, a row at a time
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def softmax_rows(x, out, width, r0, r1, odd):  # pragma: no cover - compiled
-    """Softmax of flat float32 x's rows r0..r1 of `width` into out (which may be x): per row m = the largest non-NaN
+def softmax_rows(x, out, width, odd):  # pragma: no cover - compiled
+    """Softmax of flat float32 x's rows of `width` into out (which may be x): per row m = the largest non-NaN
     value (simd.max_f32), e = exp(x - m) (simd.exp_shifted_f32: the difference rounded once, the sigmoid's exp),
     den = sum(e) by simd.sum_f32 (one vector order), out = e / den; every step the same bits on every CPU. A row
     stays in L1 through its passes. A row whose m is not finite (an element is +inf, or none is above -inf) is left
     for the caller's generic steps, flagged in odd; a NaN elsewhere makes its row's sum, so the whole row, NaN."""
-    for r in range(r0, r1):
+    for r in range(x.size // width):
         at = r * width
         m = max_f32(x, at, width)
         if not abs(m) < np.inf:
@@ -371,7 +371,7 @@ def softmax_last(x: np.ndarray, out: np.ndarray, generic) -> np.ndarray:
     flat = np.ascontiguousarray(x).reshape(-1)
     rows = flat.size // width
     odd = np.zeros(rows, np.bool_)
-    softmax_rows(flat, out.reshape(-1), width, 0, rows, odd)
+    softmax_rows(flat, out.reshape(-1), width, odd)
     if odd.any():
         out.reshape(rows, width)[odd] = generic(flat.reshape(rows, width)[odd])
     return out

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import sys
 
 import numpy as np
 
@@ -12,7 +11,7 @@ from rlx_format.ops import slice_bounds
 from rlx_format.ops.infer_shape import range_length
 
 from ..backend import host_ints
-from .registry import kernel
+from .registry import kernel, numba_loaded
 
 def resolve_reshape(in_shape: tuple, target: list[int], allowzero: bool = False) -> tuple:
     out = [in_shape[i] if d == 0 and not allowzero else d for i, d in enumerate(target)]
@@ -203,7 +202,7 @@ def _resize_cpu(xp, a, x, sizes_in=None):
     built once and copied to its repeats (YOLO-like's 128x20x20 -> 40x40: 0.36 ms as two np.take passes, the
     inner one gathering along the last axis). A copy: the same values as _resize."""
     if not (a["mode"] == "nearest" and x.ndim == 4 and x.dtype == np.float32 and x.size
-            and sys.modules.get("numba") is not None):
+            and numba_loaded()):
         return _resize(xp, a, x, sizes_in)
     sizes, scales = _resize_sizes(xp, a, x, sizes_in)
     known = a.setdefault("_repeats", {})  # the step's own attrs: per input shape and sizes, found once

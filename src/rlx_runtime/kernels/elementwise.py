@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import math
-import sys
 
 import numpy as np
 
@@ -12,7 +11,7 @@ from rlx_format.dtypes import bf16_words, compute_dtype, float_to_int
 
 from ..backend import special
 from ..clamp import SMALL, clamp, relu
-from .registry import kernel, register
+from .registry import kernel, numba_loaded, register
 
 
 @functools.cache
@@ -167,7 +166,7 @@ def multiply_cpu(x, y, out=None):
     """np.multiply(x, y, out=out). A float32 tensor times one value per row of it (a squeeze-excite block's
     (N, C, H, W) x (N, C, 1, 1)), once numba is loaded, by ufuncs.scale_rows: the same products (but which NaN
     a NaN times a NaN gives; numpy's broadcast loop ran at ~0.17 ns an element here, the row loop at ~0.07)."""
-    if sys.modules.get("numba") is not None and isinstance(x, np.ndarray) and isinstance(y, np.ndarray):
+    if numba_loaded() and isinstance(x, np.ndarray) and isinstance(y, np.ndarray):
         big, small = (x, y) if x.size >= y.size else (y, x)
         if (x.dtype == y.dtype == np.float32 and x.ndim == y.ndim and big.flags.c_contiguous
                 and small.flags.c_contiguous and small.size and big.size // small.size >= MIN_ROW
@@ -270,8 +269,8 @@ def _softmax(xp, a, x):
 def _softmax_cpu(xp, a, x):
     """float32 over the last axis once numba is loaded: a row at a time in L1 (ufuncs.softmax_rows; its own exp and
     sum order, the same bits on every CPU); rows with a non-finite max, and the rest, by the generic kernel."""
-    if x.dtype != np.float32 or x.ndim == 0 or a["axis"] % x.ndim != x.ndim - 1 or x.size == 0 or not (
-            sys.modules.get("numba") is not None):
+    if (x.dtype != np.float32 or x.ndim == 0 or a["axis"] % x.ndim != x.ndim - 1 or x.size == 0
+            or not numba_loaded()):
         return _softmax(xp, a, x)
     return _ufuncs().softmax_last(x, np.empty(x.shape, np.float32), lambda rows: _softmax(np, {"axis": -1}, rows))
 

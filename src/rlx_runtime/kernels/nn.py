@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import math
 import string
-import sys
 
 import numpy as np
 
@@ -15,6 +14,7 @@ from .. import conv_direct, conv_pointwise, conv_shifted, conv_taps, threads
 from ..backend import backend_of
 from ..clamp import relu
 from .registry import kernel, register
+from .registry import numba_loaded as _numba_loaded  # a module global: tests replace it
 
 register("MatMul", lambda xp, a, x, y: xp.matmul(x, y))
 
@@ -241,12 +241,6 @@ def _conv_kernels():
     return conv_kernels
 
 
-def _numba_loaded() -> bool:
-    """Whether numba is imported already: kernels that only copy or sum (the same values either way) take their numba
-    versions then, so a forward that needs numba for nothing else does not pay its start-up."""
-    return sys.modules.get("numba") is not None
-
-
 def _im2col_numba(xp, x, k, strides, dil, pads, out_sp):
     """_im2col for a 2-D float32 conv on the CPU, by conv_kernels.im2col_2d."""
     cols = np.empty(x.shape[:2] + tuple(k) + tuple(out_sp), np.float32)
@@ -325,9 +319,10 @@ def _fused_conv_cpu(xp, a, x, w, b=None, residual=None):
             x.dtype == np.float32 and _numba_loaded()):
         y = _conv_cpu(xp, a, x, w, b)
         return relu(y, out=y)
-    if x.dtype == np.float32 and residual is None and x.shape[0] == 1 and _tiny_pointwise(a, x, w):
+    tiny = _tiny_pointwise(a, x, w)
+    if x.dtype == np.float32 and residual is None and x.shape[0] == 1 and tiny:
         return _tiny_fused_conv(a, x, w, b)
-    if (x.dtype != np.float32 or _tiny_pointwise(a, x, w)
+    if (x.dtype != np.float32 or tiny
             or (residual is not None and (residual.dtype != np.float32 or not _numba_loaded()))):
         return _fused_conv(xp, a, x, w, b, residual)
     ep = _epilogue(a, b, a["activation"])

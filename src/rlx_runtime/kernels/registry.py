@@ -8,6 +8,7 @@ A Backend's `kernel(op)` picks. Semantics are those of spec/ops.md.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -52,6 +53,13 @@ def register(name: str, fn: Kernel, backend: str | None = None, **facts) -> None
         raise ValueError(f"{name}: kernel facts belong to the generic registration, not backend {backend!r}")
     else:
         OVERRIDES.setdefault(backend, {})[name] = fn
+
+
+def numba_loaded() -> bool:
+    """Whether numba is imported already: CPU kernels with a numba path that numpy's steps also cover take it only
+    then, so a forward that needs numba for nothing else does not pay its start-up (spec/ops.md, "with numba
+    loaded")."""
+    return sys.modules.get("numba") is not None
 
 
 def prepare_attrs(op: str, attrs: dict) -> dict:
