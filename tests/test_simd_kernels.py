@@ -14,7 +14,7 @@ import pytest
 from exact_fma import fma32
 
 from rlx_format.quants import dequantize, quantize
-from rlx_runtime import quant_kernels
+from rlx_runtime import packed, quant_kernels
 from rlx_runtime.simd import GROUP, Q8_0_BYTES, TQ2_0_BYTES
 
 R = np.random.default_rng(11)
@@ -102,6 +102,27 @@ def test_tiled_path_with_a_short_last_tile(enc):
     x = R.standard_normal((m, k)).astype(np.float32)
     out = quant_kernels.dequant_matmul(x, p, enc, n, k)
     assert out.flags.c_contiguous and out.shape == (m, n)
+    np.testing.assert_allclose(out, x.astype(np.float64) @ wd.T.astype(np.float64), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("enc", list(CODECS))
+@pytest.mark.parametrize("tile_rows", [None, 40])
+def test_wide_batches_multiply_the_long_input_by_weight_tiles(enc, tile_rows, monkeypatch):
+    """From WIDE_ROWS input rows on, each weight tile is multiplied as x @ W_tileᵀ into its columns of y: the
+    whole weight in one tile, or (a smaller tile budget) tiles with a short last one."""
+    block = CODECS[enc][0]
+    n, k, m = 107, 2 * block, quant_kernels.WIDE_ROWS
+    if tile_rows is not None:
+        monkeypatch.setattr(packed, "TILE_BYTES", tile_rows * 4 * k)
+    w = R.standard_normal((n, k)).astype(np.float32)
+    p = quantize(w, enc)
+    wd = dequantize(p, enc).reshape(n, k)
+    x = R.standard_normal((m, k)).astype(np.float32)
+    calls = []
+    monkeypatch.setattr(quant_kernels, "matmul", lambda a, b: calls.append(a.shape) or np.matmul(a, b))
+    out = quant_kernels.dequant_matmul(x, p, enc, n, k)
+    assert out.flags.c_contiguous and out.shape == (m, n)
+    assert calls == [(m, k)] * (1 if tile_rows is None else 3)  # x is the left operand, once per tile
     np.testing.assert_allclose(out, x.astype(np.float64) @ wd.T.astype(np.float64), rtol=1e-5, atol=1e-4)
 
 

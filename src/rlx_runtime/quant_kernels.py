@@ -3,7 +3,8 @@
 DequantMatMul never materializes the whole f32 weight: small batches use a fused dot kernel
 that reads the packed bytes directly (parallel over output rows); larger batches dequantize
 row tiles into one reused buffer and hand each tile to BLAS. Extra memory per forward is one
-tile (TILE_ROWS x K floats), not the N x K weight.
+tile (TILE_ROWS x K floats; from WIDE_ROWS input rows on, up to packed.TILE_BYTES), not the N x K weight
+(unless it fits in that).
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ prange = numba.prange
 
 FUSED_MAX_ROWS = 12  # measured crossover with the tiled path (4096x4096, 2 cores)
 TILE_ROWS = 256
+# from this many input rows on, the tiles are multiplied as x @ W_tileᵀ (packed.tiled_matmul): measured at 1 / 2
+# threads (Rocket Lake, Q8_0), 256x1024 @ 1024x1024 9.2 / 11.7 -> 8.0 / 5.8 ms, 1024x384 @ 384x1536 30 / 28 -> 15 / 9;
+# 32 and 128 rows of 4096x4096 were faster as W_tile @ xᵀ
+WIDE_ROWS = 256
 
 # every fp16 bit pattern as float32 (256 KiB, stays in L2): one load per block scale instead of a branchy
 # decode; exact, since float16 -> float32 is (numpy's conversion keeps subnormals, infinities and NaN)
@@ -259,7 +264,7 @@ def dequant_matmul(x: np.ndarray, packed: np.ndarray, encoding: str, n: int, k: 
         def decode(r0, r1, buf):
             rows(pk, r0, r1, buf)
             return buf
-        out = tiled_matmul(np, x2, decode, n, k, TILE_ROWS, matmul)
+        out = tiled_matmul(np, x2, decode, n, k, TILE_ROWS, matmul, WIDE_ROWS)
     return out.reshape(*lead, n)
 
 
