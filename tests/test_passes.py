@@ -197,8 +197,8 @@ def test_folded_equals_unfolded_random_mlp(seed):
     np.testing.assert_allclose(folded.run({"x": X})["y"], plain.run({"x": X})["y"], rtol=2e-5, atol=1e-6)
     # the simplify group runs until nothing changes: the fold changed the graph, so the others run once more
     assert [p for p, _ in folded.pass_report.passes] == ["specialize", "simplify", "fuse", "affine", "fold",
-                                                         "simplify", "fuse", "affine", "fuse_conv", "dce",
-                                                         "dedupe"]
+                                                         "simplify", "fuse", "affine", "fuse_conv", "fuse_linear",
+                                                         "dce", "dedupe"]
 
 
 def test_unpack_quantized_dequantizes_once_at_compile():

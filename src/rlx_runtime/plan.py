@@ -52,7 +52,7 @@ MIN_COLUMN_MAJOR = 1 << 16
 
 def matmul_weights(graph: Graph) -> set[str]:
     """The 2-D float constants of at least MIN_COLUMN_MAJOR elements, more rows than columns, read only as the right
-    operand of MatMul (and not graph outputs)."""
+    operand of MatMul or FusedMatMul (and not graph outputs)."""
     uses: dict[str, list[tuple[str, int]]] = {}
     for n in graph.nodes:
         for i, name in enumerate(n.inputs):
@@ -62,7 +62,7 @@ def matmul_weights(graph: Graph) -> set[str]:
         value = c.value
         if (value is not None and value.ndim == 2 and value.dtype in (np.float32, np.float64)
                 and value.size >= MIN_COLUMN_MAJOR and value.shape[0] > value.shape[1] and name not in graph.outputs
-                and uses.get(name) and all(u == ("MatMul", 1) for u in uses[name])):
+                and uses.get(name) and all(u in (("MatMul", 1), ("FusedMatMul", 1)) for u in uses[name])):
             found.add(name)
     return found
 

@@ -31,8 +31,9 @@ from .atomics import load as _load
 from .atomics import store as _store
 from .atomics import swap as _swap
 from .conv_kernels import bias_act_block, bias_act_rows, direct_rows, fill_phases, tap_planes
-from .pool_layout import (FINISHED, KIND, KIND_NATIVE, NEXT, ROW_BIAS_ACT, ROW_DIRECT, ROW_FILL, ROW_GEMM, ROW_GEMV,
-                          ROW_SKINNY, ROW_TAPS, WORKED, YIELD)
+from .linear import add_columns
+from .pool_layout import (FINISHED, KIND, KIND_NATIVE, NEXT, ROW_BIAS_ACT, ROW_COLUMNS, ROW_DIRECT, ROW_FILL, ROW_GEMM,
+                          ROW_GEMV, ROW_SKINNY, ROW_TAPS, WORKED, YIELD)
 from .simd import SKINNY_ROWS, skinny_f32
 
 _I32, _I64, _F32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
@@ -116,6 +117,12 @@ def _run_row(ti, tf, r):  # pragma: no cover - compiled
         bias_act_block(y, ti[r, 5], ti[r, 6], ti[r, 7], ti[r, 8], ti[r, 9], ti[r, 10], ti[r, 11], bias,
                        ti[r, 14] != 0, ti[r, 15], np.float32(tf[r, 0]), np.float32(tf[r, 1]), ti[r, 16] != 0,
                        np.float32(tf[r, 2]), ti[r, 17] != 0, np.float32(tf[r, 3]), res, ti[r, 20] != 0)
+    elif kind == ROW_COLUMNS:
+        nb, m, n = ti[r, 2], ti[r, 3], ti[r, 4]
+        y = numba.carray(_f32_at(ti[r, 1]), (nb * m * n,))
+        bias = numba.carray(_f32_at(ti[r, 11]), (ti[r, 12],))
+        res = numba.carray(_f32_at(ti[r, 13]), (ti[r, 14],))
+        add_columns(y, m, n, ti[r, 5], ti[r, 6], ti[r, 7], ti[r, 8], ti[r, 9], ti[r, 10], bias, res, ti[r, 15] != 0)
     elif kind == ROW_TAPS:
         o, nb = ti[r, 15], ti[r, 16]
         phases = numba.carray(_f32_at(ti[r, 1]), (ti[r, 2],))
@@ -351,6 +358,15 @@ def put_bias_act(ti, tf, r, y, b0, b1, r0, r1, c0, c1, groups, bias, has_bias, a
     ti[r, 15], ti[r, 16], ti[r, 17] = act, has_lo, has_hi
     ti[r, 18], ti[r, 19], ti[r, 20] = res.ctypes.data, res.size, has_res
     tf[r, 0], tf[r, 1], tf[r, 2], tf[r, 3] = alpha, beta, lo, hi
+
+
+@numba.njit(cache=True, nogil=True)
+def put_columns(ti, tf, r, y, b0, b1, r0, r1, c0, c1, bias, res, has_res):  # pragma: no cover - compiled
+    """Row r: linear.add_columns on block [b0, b1) x [r0, r1) x [c0, c1) of y (B, M, N) float32."""
+    ti[r, 0], ti[r, 1], ti[r, 2], ti[r, 3], ti[r, 4] = ROW_COLUMNS, y.ctypes.data, y.shape[0], y.shape[1], y.shape[2]
+    ti[r, 5], ti[r, 6], ti[r, 7], ti[r, 8], ti[r, 9], ti[r, 10] = b0, b1, r0, r1, c0, c1
+    ti[r, 11], ti[r, 12], ti[r, 13], ti[r, 14] = bias.ctypes.data, bias.size, res.ctypes.data, res.size
+    ti[r, 15] = has_res
 
 
 @numba.njit(cache=True, nogil=True)

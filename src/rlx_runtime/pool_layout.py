@@ -9,7 +9,7 @@ NEXT, FINISHED, KIND, WORKED = 0, 8, 16, 24  # WORKED: chunks the workers ran (f
 YIELD, CTRL_SIZE = 32, 40  # YIELD: idle workers stop polling (a numba parallel kernel wants the cores)
 KIND_NATIVE, KIND_PYTHON, KIND_CLOSED = 0, 1, 2
 # table rows: column 0 is the kind; the columns of each, then its floats
-ROW_GEMM, ROW_GEMV, ROW_BIAS_ACT, ROW_TAPS, ROW_SKINNY, ROW_DIRECT, ROW_FILL = 1, 2, 3, 4, 5, 6, 7
+ROW_GEMM, ROW_GEMV, ROW_BIAS_ACT, ROW_TAPS, ROW_SKINNY, ROW_DIRECT, ROW_FILL, ROW_COLUMNS = 1, 2, 3, 4, 5, 6, 7, 8
 INT_COLUMNS, FLOAT_COLUMNS = 40, 4
 # ROW_GEMM: fn, wide, order, transa, transb, m, n, k, a, lda, b, ldb, c, ldc | alpha, beta
 # ROW_GEMV: fn, wide, order, trans, m, n, a, lda, x, incx, y, incy | alpha, beta
@@ -26,3 +26,5 @@ INT_COLUMNS, FLOAT_COLUMNS = 40, 4
 #   epilogue)
 # ROW_FILL: x, N, C, H, W, phases, L, sh, sw, top, left, hq, wq, q0, q1 (conv_kernels.fill_phases on rows q0..q1
 #   of every phase plane)
+# ROW_COLUMNS: y, B, M, N, b0, b1, r0, r1, c0, c1, bias, nbias, res, nres, has_res (linear.add_columns: a FusedMatMul's
+#   bias per column, then its residual)

@@ -17,8 +17,8 @@ from .infer_elementwise import (
 from .infer_integer import infer_conv_integer, infer_matmul_integer
 from .infer_nn import (
     QUANT_BLOCKS, infer_batchnorm, infer_conv, infer_conv_transpose, infer_dequant_gather, infer_dequant_matmul,
-    infer_dequantize, infer_fused_conv, infer_global_pool, infer_groupnorm, infer_matmul, infer_norm_last, infer_pool,
-    infer_random, infer_sdpa,
+    infer_dequantize, infer_fused_conv, infer_fused_matmul, infer_global_pool, infer_groupnorm, infer_matmul,
+    infer_norm_last, infer_pool, infer_random, infer_sdpa,
 )
 from .infer_rnn import OPTIONAL as RNN_OPTIONAL
 from .infer_rnn import infer_recurrent
@@ -96,6 +96,8 @@ _reg("ConstantOfShape", (0, 1), infer_constant_of_shape, {"shape": Attr("ints", 
 _reg("DepthToSpace", 1, infer_depth_to_space, {"blocksize": Attr("int", lo=1),
                                                "mode": Attr("str", "DCR", ("DCR", "CRD"))})
 _reg("MatMul", 2, infer_matmul)
+# compile-time fusion of a MatMul and the bias Add that alone reads it, then a residual Add (rlx_runtime.passes.fuse)
+_reg("FusedMatMul", (3, 4), infer_fused_matmul)
 _CONV_ATTRS = {"strides": Attr("ints", None, lo=1), "pads": Attr("ints", None, lo=0),
                "dilations": Attr("ints", None, lo=1), "group": Attr("int", 1, lo=1)}
 _reg("Conv", (2, 3), infer_conv, dict(_CONV_ATTRS))

@@ -34,6 +34,26 @@ def infer_matmul(ctx: InferCtx) -> TensorType:
     return TensorType(dt, matmul_shape(ctx, ctx.inputs[0].shape, ctx.inputs[1].shape))
 
 
+def infer_fused_matmul(ctx: InferCtx) -> TensorType:
+    """MatMul's rules on (x, w) with w a matrix; the bias has one value per output column (shape (N,), or leading
+    1s then N) in the output's dtype; a fourth operand, the residual, has the output's type (no broadcasting)."""
+    t = infer_matmul(replace(ctx, inputs=ctx.inputs[:2]))
+    if len(ctx.inputs[1].shape) != 2 or len(ctx.inputs[0].shape) < 2:
+        raise ctx.fail(f"FusedMatMul takes x of rank >= 2 and a matrix w; got ranks {len(ctx.inputs[0].shape)} and "
+                       f"{len(ctx.inputs[1].shape)}")
+    b = ctx.inputs[2]
+    if (b.dtype != t.dtype or not b.shape or len(b.shape) > len(t.shape) or any(d != 1 for d in b.shape[:-1])
+            or not dims_equal_or_symbolic(b.shape[-1], t.shape[-1])):
+        raise ctx.fail(f"bias {b.dtype}{list(b.shape)}; expected one {t.dtype} value per output column "
+                       f"([{t.shape[-1]}], or leading 1s then {t.shape[-1]})")
+    if len(ctx.inputs) == 4:
+        r = ctx.inputs[3]
+        if r.dtype != t.dtype or len(r.shape) != len(t.shape) or any(
+                isinstance(p, int) and isinstance(q, int) and p != q for p, q in zip(r.shape, t.shape)):
+            raise ctx.fail(f"residual {r.dtype}{list(r.shape)}; expected the product's {t.dtype}{list(t.shape)}")
+    return t
+
+
 def _spatial_attrs(ctx: InferCtx, nsp: int, kernel: Shape) -> tuple[list, list, list]:
     strides = ctx.attrs.get("strides") or [1] * nsp
     dil = ctx.attrs.get("dilations") or [1] * nsp

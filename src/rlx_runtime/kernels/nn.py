@@ -30,6 +30,35 @@ def _matmul_cpu(xp, a, x, y):
     return threads.matmul(x, y)
 
 
+@kernel("FusedMatMul")
+def _fused_matmul(xp, a, x, w, b, residual=None):
+    """MatMul, then the bias's Add, then the residual's Add: each op's own kernel on this backend, so the values are
+    the unfused ones."""
+    be = backend_of(xp)
+    y = be.kernel("Add")(xp, {}, be.kernel("MatMul")(xp, {}, x, w), b)
+    return y if residual is None else be.kernel("Add")(xp, {}, y, residual)
+
+
+@kernel("FusedMatMul", backend="cpu")
+def _fused_matmul_cpu(xp, a, x, w, b, residual=None):
+    """float32, once numba is loaded, x C-contiguous with more rows than the few-rows kernel takes: the GEMM of
+    MatMul's CPU kernel (the same calls, split the same way), with the bias and then the residual added to each
+    finished block by linear.add_columns while it is in cache, on the thread that computed it. Else the unfused
+    kernels. The values are the unfused ones either way."""
+    if not (x.dtype == w.dtype == b.dtype == np.float32 and (residual is None or residual.dtype == np.float32)
+            and x.flags.c_contiguous and math.prod(x.shape[:-1]) > threads.SKINNY_MAX_ROWS and _numba_loaded()):
+        return _fused_matmul(xp, a, x, w, b, residual)
+    y = threads.matmul(x.reshape(-1, x.shape[-1]), w, _linear().ColumnBias(b, residual))
+    return y.reshape(x.shape[:-1] + (w.shape[1],))
+
+
+@functools.cache
+def _linear():
+    """linear.py (numba), imported on first use (an import statement per call cost ~1 us)."""
+    from .. import linear
+    return linear
+
+
 def backend_matmul(xp, x, y):
     """The backend's MatMul kernel, for the GEMMs inside other kernels (Conv, attention)."""
     return backend_of(xp).kernel("MatMul")(xp, {}, x, y)

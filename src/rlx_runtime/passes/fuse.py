@@ -12,6 +12,10 @@ reader is a Relu/Sigmoid/Silu/LeakyRelu/Clip -> FusedConv(activation=...), with 
 Mul(c, Clip(c * alpha + beta, 0, 1)) over a Conv c (HardSwish as the ONNX import lowers it) -> FusedConv
 (activation=HardSwish). Add(Conv, r) (a residual block's sum; the activation that alone reads it, if any) ->
 FusedConv(x, w, b, r) (`_fuse_conv_residual`).
+
+MatMul + bias (`fuse_linear`, compile only): Add(MatMul(x, w), b) (either order) over a float32 MatMul that nothing
+else reads, w a matrix, b one value per output column -> FusedMatMul(x, w, b); then Add(that, r) (either order, r of
+its type) -> FusedMatMul(x, w, b, r). The same float32 sums in the same order, so equal values.
 """
 
 from __future__ import annotations
@@ -238,4 +242,59 @@ def fuse_conv_activation(graph: Graph, report=None) -> Graph:
     if not absorbed:
         return graph
     _drop(graph, absorbed, read)  # with HardSwish's fused-away scalars
+    return graph.validate()
+
+
+def _column_bias(graph: Graph, b: str, out: str) -> bool:
+    """Whether b is one value per column of `out` (shape (N,) or leading 1s then N), in its dtype."""
+    bt, ot = graph.types[b], graph.types[out]
+    return (bt.dtype == ot.dtype and 0 < len(bt.shape) <= len(ot.shape) and all(d == 1 for d in bt.shape[:-1])
+            and bt.shape[-1] == ot.shape[-1])
+
+
+def fuse_linear(graph: Graph, report=None) -> Graph:
+    """A linear layer's MatMul and the bias Add that alone reads it -> FusedMatMul(x, w, b), then the residual Add
+    that alone reads that -> FusedMatMul(x, w, b, r) (compile only: the CPU kernel adds both to each block of the
+    GEMM output while it is in cache, on the thread that computed it; every kernel gives the unfused values)."""
+    nodes = graph.node_map()
+    users = graph.consumers()
+    outputs = set(graph.outputs)
+    absorbed: set[str] = set()
+
+    def single(name: str, op: str) -> Node | None:
+        n = nodes.get(name)
+        ok = (n is not None and n.op == op and name not in outputs and name not in absorbed
+              and len(users.get(name, [])) == 1)
+        return n if ok else None
+
+    fused: list[Node] = []
+    for add in graph.nodes:
+        if add.op != "Add" or len(add.inputs) != 2 or graph.types[add.name].dtype != "f32":
+            continue
+        for m_name, b_name in ((add.inputs[0], add.inputs[1]), (add.inputs[1], add.inputs[0])):
+            mm = single(m_name, "MatMul")
+            if (mm is None or b_name == m_name or graph.types[m_name] != graph.types[add.name]
+                    or len(graph.types[mm.inputs[1]].shape) != 2 or len(graph.types[mm.inputs[0]].shape) < 2
+                    or not _column_bias(graph, b_name, m_name)):
+                continue
+            add.op, add.inputs, add.attrs = "FusedMatMul", [*mm.inputs, b_name], {}
+            absorbed.add(mm.name)
+            fused.append(add)
+            break
+    users = graph.consumers()
+    for f in fused:
+        readers = users.get(f.name, [])
+        res = readers[0] if len(readers) == 1 and f.name not in outputs else None
+        if res is None or res.op != "Add" or len(res.inputs) != 2 or res.name in absorbed:
+            continue
+        r_name = res.inputs[1] if res.inputs[0] == f.name else res.inputs[0]
+        if r_name == f.name or not graph.types[r_name] == graph.types[f.name] == graph.types[res.name]:
+            continue
+        res.op, res.inputs, res.attrs = "FusedMatMul", [*f.inputs, r_name], {}
+        absorbed.add(f.name)
+    if report is not None:
+        report.simplified += len(absorbed)
+    if not absorbed:
+        return graph
+    graph.nodes = [n for n in graph.nodes if n.name not in absorbed]
     return graph.validate()
