@@ -14,6 +14,7 @@ import pytest
 from threadpoolctl import threadpool_limits
 
 from test_conv_paths import _count_calls
+from test_fused_residual import _specials
 
 from rlx_format import GraphBuilder
 from rlx_format.errors import GraphError
@@ -50,22 +51,11 @@ def _unfused(graph, monkeypatch):
         return Session().compile(graph)
 
 
-def _specials(shape, every: int = 29):
-    """Normal values with NaN, +-Inf and -0.0 here and there (sparse: a NaN in x makes a whole output row NaN)."""
-    v = RNG.standard_normal(shape).astype(np.float32) * 3
-    flat = v.reshape(-1)
-    flat[::every] = np.nan
-    flat[4::every + 6] = np.inf
-    flat[9::every + 8] = -np.inf
-    flat[2::every + 14] = -0.0
-    return v
-
-
 def _feeds(xs, n, residual, special):
     make = (lambda s: _specials(s, 997)) if special else (lambda s: RNG.standard_normal(s).astype(np.float32))
     feeds = {"x": make(xs)}
     if residual:
-        feeds["s"] = _specials((*xs[:-1], n)) if special else make((*xs[:-1], n))
+        feeds["s"] = _specials((*xs[:-1], n), 29) if special else make((*xs[:-1], n))
     return feeds
 
 

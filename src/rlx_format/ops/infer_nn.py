@@ -46,12 +46,17 @@ def infer_fused_matmul(ctx: InferCtx) -> TensorType:
             or not dims_equal_or_symbolic(b.shape[-1], t.shape[-1])):
         raise ctx.fail(f"bias {b.dtype}{list(b.shape)}; expected one {t.dtype} value per output column "
                        f"([{t.shape[-1]}], or leading 1s then {t.shape[-1]})")
+    _check_residual(ctx, t, "the product's")
+    return t
+
+
+def _check_residual(ctx: InferCtx, t: TensorType, what: str) -> None:
+    """A fourth operand (a fused op's residual) must have the result's type t, no broadcasting."""
     if len(ctx.inputs) == 4:
         r = ctx.inputs[3]
         if r.dtype != t.dtype or len(r.shape) != len(t.shape) or any(
                 isinstance(p, int) and isinstance(q, int) and p != q for p, q in zip(r.shape, t.shape)):
-            raise ctx.fail(f"residual {r.dtype}{list(r.shape)}; expected the product's {t.dtype}{list(t.shape)}")
-    return t
+            raise ctx.fail(f"residual {r.dtype}{list(r.shape)}; expected {what} {t.dtype}{list(t.shape)}")
 
 
 def _spatial_attrs(ctx: InferCtx, nsp: int, kernel: Shape) -> tuple[list, list, list]:
@@ -115,11 +120,7 @@ def infer_fused_conv(ctx: InferCtx) -> TensorType:
     """Conv's rules on (x, w, b); a fourth operand, the residual added before the activation, has the output's
     type (no broadcasting)."""
     t = infer_conv(replace(ctx, inputs=ctx.inputs[:3]))
-    if len(ctx.inputs) == 4:
-        r = ctx.inputs[3]
-        if r.dtype != t.dtype or len(r.shape) != len(t.shape) or any(
-                isinstance(a, int) and isinstance(b, int) and a != b for a, b in zip(r.shape, t.shape)):
-            raise ctx.fail(f"residual {r.dtype}{list(r.shape)}; expected the conv's output {t.dtype}{list(t.shape)}")
+    _check_residual(ctx, t, "the conv's output")
     return t
 
 
