@@ -19,6 +19,7 @@ from test_fused_residual import _specials
 from rlx_format import GraphBuilder
 from rlx_format.errors import GraphError
 from rlx_runtime import Session, linear, threads
+from rlx_runtime.plan import MIN_COLUMN_MAJOR, matmul_weights
 from rlx_runtime.kernels import KERNELS, nn
 from rlx_runtime.passes import pipeline
 
@@ -52,7 +53,9 @@ def _unfused(graph, monkeypatch):
 
 
 def _feeds(xs, n, residual, special):
-    make = (lambda s: _specials(s, 997)) if special else (lambda s: RNG.standard_normal(s).astype(np.float32))
+    # x's specials sparse enough that most output rows stay numbers (each reads a whole row of x)
+    make = ((lambda s: _specials(s, max(997, 8 * xs[-1]))) if special
+            else (lambda s: RNG.standard_normal(s).astype(np.float32)))
     feeds = {"x": make(xs)}
     if residual:
         feeds["s"] = _specials((*xs[:-1], n), 29) if special else make((*xs[:-1], n))
@@ -61,6 +64,7 @@ def _feeds(xs, n, residual, special):
 
 CASES = [  # (x shape, N, bias shape)
     ((40, 24), 37, None),
+    ((24, 520), 130, None),           # a weight compile holds column-major (plan.MIN_COLUMN_MAJOR, taller than wide)
     ((20, 16), 70, None),             # more columns than rows: the split (2 threads) is by columns
     ((3, 20, 16), 50, None),          # a stack of rows: one tall GEMM
     ((2, 3, 9, 8), 33, (1, 1, 33)),   # a bias with leading 1s
@@ -79,6 +83,8 @@ def test_fused_equals_unfused(xs, n, bshape, residual, n_threads, monkeypatch):
     called, put = (_count_calls(monkeypatch, linear.ColumnBias, name) for name in ("__call__", "put"))
     fused = Session().compile(g)
     assert [(n_.op, len(n_.inputs)) for n_ in fused.graph.nodes] == [("FusedMatMul", 4 if residual else 3)]
+    by_columns = xs[-1] * n >= MIN_COLUMN_MAJOR and xs[-1] > n
+    assert matmul_weights(fused.graph) == ({"w"} if by_columns else set())  # held as the unfused MatMul holds it
     assert sorted(n_.op for n_ in ref.graph.nodes) == ["Add"] * (1 + residual) + ["MatMul"]
     for special in (True, False):
         feeds = _feeds(xs, n, residual, special)
