@@ -55,6 +55,19 @@ def _drop(graph: Graph, absorbed: set[str], read: set[str]) -> None:
         graph.constants.pop(name, None)
 
 
+def _sole_reader_lookup(graph: Graph, absorbed: set[str]):
+    """lookup(name, op, readers=1): the node that makes `name` if it is an `op`, no graph output, not absorbed, and
+    read by exactly `readers` nodes (so a fusion may take it over); else None. Of the graph as it is now."""
+    nodes, users, outputs = graph.node_map(), graph.consumers(), set(graph.outputs)
+
+    def lookup(name: str, op: str, readers: int = 1) -> Node | None:
+        n = nodes.get(name)
+        ok = (n is not None and n.op == op and name not in outputs and name not in absorbed
+              and len(users.get(name, [])) == readers)
+        return n if ok else None
+    return lookup
+
+
 def fuse(graph: Graph, report=None) -> Graph:
     """Both fusions; the nodes a fusion absorbed (they fed only the fused node) are removed with it."""
     absorbed: set[str] = set()
@@ -69,14 +82,7 @@ def fuse(graph: Graph, report=None) -> Graph:
 
 
 def _fuse_gelu(graph: Graph, absorbed: set[str]) -> int:
-    nodes = graph.node_map()
-    users = graph.consumers()
-    outputs = set(graph.outputs)
-
-    def single(name: str, op: str) -> Node | None:
-        n = nodes.get(name)
-        ok = n is not None and n.op == op and len(users.get(name, [])) == 1 and name not in outputs
-        return n if ok else None
+    single = _sole_reader_lookup(graph, absorbed)
 
     fused = 0
     for m2 in graph.nodes:
@@ -130,15 +136,7 @@ def _fuse_conv_hard_swish(graph: Graph, absorbed: set[str]) -> int:
     """Mul(c, Clip(Add(Mul(c, alpha), beta), min=0, max=1)) over a float32 Conv c (operands in either order; the
     ONNX HardSwish / HardSigmoid lowering) -> FusedConv(activation=HardSwish, alpha, beta), when c and the
     intermediates feed nothing else. The kernel repeats the same float32 steps."""
-    nodes = graph.node_map()
-    users = graph.consumers()
-    outputs = set(graph.outputs)
-
-    def only(name: str, op: str, readers: int = 1) -> Node | None:
-        n = nodes.get(name)
-        ok = (n is not None and n.op == op and name not in outputs and name not in absorbed
-              and len(users.get(name, [])) == readers)
-        return n if ok else None
+    only = _sole_reader_lookup(graph, absorbed)
 
     def split(node: Node) -> tuple[str, float] | None:
         """(the other operand, the f32 scalar) of a binary node with one f32 scalar-constant operand."""
@@ -256,17 +254,8 @@ def fuse_linear(graph: Graph, report=None) -> Graph:
     """A linear layer's MatMul and the bias Add that alone reads it -> FusedMatMul(x, w, b), then the residual Add
     that alone reads that -> FusedMatMul(x, w, b, r) (compile only: the CPU kernel adds both to each block of the
     GEMM output while it is in cache, on the thread that computed it; every kernel gives the unfused values)."""
-    nodes = graph.node_map()
-    users = graph.consumers()
-    outputs = set(graph.outputs)
     absorbed: set[str] = set()
-
-    def single(name: str, op: str) -> Node | None:
-        n = nodes.get(name)
-        ok = (n is not None and n.op == op and name not in outputs and name not in absorbed
-              and len(users.get(name, [])) == 1)
-        return n if ok else None
-
+    single = _sole_reader_lookup(graph, absorbed)
     fused: list[Node] = []
     for add in graph.nodes:
         if add.op != "Add" or len(add.inputs) != 2 or graph.types[add.name].dtype != "f32":
@@ -281,7 +270,7 @@ def fuse_linear(graph: Graph, report=None) -> Graph:
             absorbed.add(mm.name)
             fused.append(add)
             break
-    users = graph.consumers()
+    users, outputs = graph.consumers(), set(graph.outputs)
     for f in fused:
         readers = users.get(f.name, [])
         res = readers[0] if len(readers) == 1 and f.name not in outputs else None
@@ -296,5 +285,5 @@ def fuse_linear(graph: Graph, report=None) -> Graph:
         report.simplified += len(absorbed)
     if not absorbed:
         return graph
-    graph.nodes = [n for n in graph.nodes if n.name not in absorbed]
+    _drop(graph, absorbed, set())  # the absorbed MatMuls' and Adds' inputs are all read by the fused nodes
     return graph.validate()
