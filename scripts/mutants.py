@@ -404,6 +404,17 @@ MUTANTS = [
            (("rlx_runtime/ufuncs.py", "        v = small[r]\n        at = r * width",
              "        v = small[min(r + 1, small.size - 1)]\n        at = r * width"),),
            ("test_clamp.py",)),
+    Mutant("aligned_start_unmoved", "aligned.empty slides its start onto a cache line",
+           (("rlx_runtime/aligned.py", "    skip = ((LINE - buf.ctypes.data % LINE) % LINE) // 4", "    skip = 0"),),
+           ("test_aligned.py",)),
+    Mutant("pointwise_output_unaligned", "a pointwise conv's output starts on a cache line",
+           (("rlx_runtime/conv_pointwise.py", "    y = aligned.empty((n, o, p))",
+             "    y = np.empty((n, o, p), np.float32)"),),
+           ("test_aligned.py",)),
+    Mutant("split_gemm_output_unaligned", "a split GEMM's float32 output starts on a cache line",
+           (("rlx_runtime/threads.py", "    if dtype == np.float32 and _kernels() is not None:\n        from .aligned",
+             "    if dtype == np.float64 and _kernels() is not None:\n        from .aligned"),),
+           ("test_aligned.py",)),
 ]
 
 

@@ -47,9 +47,10 @@ MAX_INNER = 4608
 
 @functools.cache
 def _numba_side() -> tuple:
-    """(conv_kernels, simd) (numba), imported on the first direct conv (an import statement per call cost ~1 us)."""
-    from . import conv_kernels, simd
-    return conv_kernels, simd
+    """(conv_kernels, simd, aligned) (numba), imported on the first direct conv (an import statement per call cost
+    ~1 us)."""
+    from . import aligned, conv_kernels, simd
+    return conv_kernels, simd, aligned
 
 
 def use_direct(x: np.ndarray, w: np.ndarray, group: int, epilogue) -> bool:
@@ -64,7 +65,7 @@ def direct2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp, epilogue=
     """Conv without bias (n, c, h, w) * (o, c, kh, kw) -> fresh (n, o, oh, ow) float32, then `epilogue` (see
     use_direct) on each output block."""
     from .conv_taps import phase_layout, phase_offsets
-    ck, simd = _numba_side()
+    ck, simd, aligned = _numba_side()
     x = np.ascontiguousarray(x)
     n, c, h, wd = x.shape
     o, kh, kw = w.shape[0], w.shape[2], w.shape[3]
@@ -90,7 +91,7 @@ def direct2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp, epilogue=
     phases = phases.reshape(n, c * stride)
     offsets = phase_offsets(c, kh, kw, sh, sw, dh, dw, plane, wq, stride)
     wk = np.ascontiguousarray(w.reshape(o, -1))
-    y = np.empty((n, o, oh, ow), np.float32)
+    y = aligned.empty((n, o, oh, ow), oh * ow)
     row_bytes = 4 * c * sh * sw * wq  # a grid row's phase rows, every channel
     piece_rows = max(1, min(oh, PIECE_COLUMNS // wq, PIECE_BYTES // row_bytes - (kh - 1) * dh // sh))
     ep = threads.epilogue_fields(epilogue)

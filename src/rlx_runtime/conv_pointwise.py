@@ -37,10 +37,10 @@ MIN_PIXELS = 256
 
 @functools.cache
 def _numba_side() -> tuple:
-    """(pool_kernels, simd) (numba), imported once a forward takes this path (an import statement per call cost
-    ~1 us)."""
-    from . import pool_kernels, simd
-    return pool_kernels, simd
+    """(pool_kernels, simd, aligned) (numba), imported once a forward takes this path (an import statement per call
+    cost ~1 us)."""
+    from . import aligned, pool_kernels, simd
+    return pool_kernels, simd, aligned
 
 
 def use_pointwise(x: np.ndarray, w: np.ndarray, epilogue) -> bool:
@@ -56,12 +56,12 @@ def pointwise(w: np.ndarray, x: np.ndarray, epilogue=None) -> np.ndarray:
     """(n, o, p) float32 = w (o, c) @ x[b] (c, p) for each image b, then `epilogue` (see use_pointwise) on each
     block. Split over the forward's threads by pixels (whole 32-pixel vectors) when there are enough of them,
     else by output channels (whole blocks of SKINNY_ROWS)."""
-    kernels, simd = _numba_side()
+    kernels, simd, aligned = _numba_side()
     w = np.ascontiguousarray(w)
     x = np.ascontiguousarray(x)
     n, c, p = x.shape
     o = w.shape[0]
-    y = np.empty((n, o, p), np.float32)
+    y = aligned.empty((n, o, p))
     nthreads = threads.threads_for(n * o * c * p)
     if nthreads == 1:  # the calls themselves, without a job around them (Steps' set-up: ~5 us)
         skinny_rows = kernels.skinny_rows

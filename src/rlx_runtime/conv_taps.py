@@ -29,10 +29,10 @@ def use_depthwise(x: np.ndarray, w: np.ndarray, group: int) -> bool:
 
 @functools.cache
 def _numba_side() -> tuple:
-    """(conv_kernels, simd.LANES): numba's side, imported on the first tap conv (an import statement per call cost
-    ~1 us)."""
-    from . import conv_kernels, simd
-    return conv_kernels, simd.LANES
+    """(conv_kernels, simd.LANES, aligned): numba's side, imported on the first tap conv (an import statement per
+    call cost ~1 us)."""
+    from . import aligned, conv_kernels, simd
+    return conv_kernels, simd.LANES, aligned
 
 
 def phase_layout(h: int, w: int, pads, sh: int, sw: int, lanes: int) -> tuple[int, int, int, int]:
@@ -62,7 +62,7 @@ def taps2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp, epilogue=No
     """Depthwise conv without bias ((n, c, h, w) * (c, 1, kh, kw), group c) -> fresh (n, c, oh, ow) float32.
     `epilogue`, a conv_kernels.BiasActivation, is applied to each output channel by the kernel as soon as that
     channel is done."""
-    ck, lanes = _numba_side()
+    ck, lanes, aligned = _numba_side()
     x = np.ascontiguousarray(x)  # the kernels read it as one flat (N, C, H, W) buffer
     n, c, h, wd = x.shape
     kh, kw = w.shape[2], w.shape[3]
@@ -74,7 +74,7 @@ def taps2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp, epilogue=No
     size = -(-(oh * wq) // lanes) * lanes
     offsets = phase_offsets(1, kh, kw, sh, sw, dh, dw, plane, wq, stride)
     taps = np.ascontiguousarray(w.reshape(c, -1))
-    y = np.empty((n, c, oh, ow), np.float32)
+    y = aligned.empty((n, c, oh, ow), oh * ow)
     work = c * len(offsets) * oh * wq * TAP_COST
     edges = threads.chunk_edges(c, threads.threads_for(n * work), min_chunk=8)
     fill = (sh, sw, pads[0], pads[1], hq)

@@ -492,6 +492,15 @@ def chunk_edges(length: int, threads: int, min_chunk: int = _MIN_CHUNK) -> list[
 Epilogue = Callable[[np.ndarray, int, int, int, int, int, int], None]
 
 
+def _output(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """A split GEMM's output: float32 ones start on a cache line once numba is loaded (aligned.py: the conv
+    kernels that read it next load whole lines)."""
+    if dtype == np.float32 and _kernels() is not None:
+        from .aligned import empty
+        return empty(shape)
+    return np.empty(shape, dtype)
+
+
 def _whole(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None) -> np.ndarray:
     out = np.matmul(a, b)
     if epilogue is not None:
@@ -567,7 +576,7 @@ def _matmul_2d(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None) -> np.nd
     if blas_threads_instead(threads):
         with blas_threads(threads):
             return _whole(a, b, epilogue)
-    out = np.empty((m, n), a.dtype)
+    out = _output((m, n), a.dtype)
     out3 = out[None]
     gemv = m == 1 and a.dtype in _blas_controllers()[0].gemv
     edges = chunk_edges(max(m, n), threads)

@@ -15,6 +15,13 @@ from .registry import kernel, numba_loaded, register
 
 
 @functools.cache
+def _aligned():
+    """aligned.py (numba), imported on first use."""
+    from .. import aligned
+    return aligned
+
+
+@functools.cache
 def _ufuncs():
     """ufuncs.py (numba), imported on first use (an import statement per call cost ~1 us)."""
     from .. import ufuncs
@@ -175,7 +182,7 @@ def multiply_cpu(x, y, out=None):
             while k and small.shape[k - 1] == 1:
                 k -= 1
             if small.shape[:k] == big.shape[:k]:  # one value per row of big's last ndim - k axes
-                dst = np.empty_like(big) if out is None else out
+                dst = _aligned().empty(big.shape, big.size // small.size) if out is None else out
                 _ufuncs().scale_rows(big.reshape(-1), small.reshape(-1), dst.reshape(-1), big.size // small.size)
                 return dst
     return np.multiply(x, y, out=out)

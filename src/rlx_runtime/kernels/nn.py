@@ -264,6 +264,13 @@ def _ufuncs():
 
 
 @functools.cache
+def _aligned():
+    """aligned.py (numba), imported on first use."""
+    from .. import aligned
+    return aligned
+
+
+@functools.cache
 def _conv_kernels():
     """conv_kernels (numba), imported on first use (an import statement per call cost ~1 us)."""
     from .. import conv_kernels
@@ -456,7 +463,7 @@ def _maxpool_cpu(xp, a, x):
     pads, _, out_sp = _pool_pads(a, x, 2, k, strides, dil)
     n, c, h, w = x.shape
     x3 = np.ascontiguousarray(x).reshape(n * c, h, w)
-    y = np.empty((n, c, *out_sp), np.float32)
+    y = _aligned().empty((n, c, *out_sp), math.prod(out_sp))
     y3 = y.reshape(n * c, *out_sp)
     # a tap costs about what a conv tap does (conv_taps.TAP_COST GEMM multiply-adds: a vector op and its load)
     edges = threads.chunk_edges(n * c, threads.threads_for(y.size * k[0] * k[1] * conv_taps.TAP_COST), 1)
