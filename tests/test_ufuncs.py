@@ -8,7 +8,11 @@ import numpy as np
 import pytest
 import scipy.special as sp
 
-from rlx_runtime.ufuncs import PARALLEL_MIN_SIZE, erf, gelu_erf
+from threadpoolctl import threadpool_limits
+
+from rlx_format.numba_setup import numba
+from rlx_runtime import threads, ufuncs
+from rlx_runtime.ufuncs import BLOCK, ELEMENT_COST, erf, gelu_erf
 
 
 def _correctly_rounded(x: np.ndarray) -> np.ndarray:
@@ -37,17 +41,24 @@ def _unfused_gelu(x):
     return np.float32(0.5) * x * (np.float32(1) + _correctly_rounded(x / np.float32(np.sqrt(2.0))))
 
 
-def test_erf_fast_path_hands_over_few_and_the_redo_fixes_them():
-    from rlx_runtime import ufuncs
+@numba.njit
+def _estimates(x, out, unsure):
+    for i in range(x.size):
+        r = ufuncs._erf_estimate(np.float64(x[i]))
+        out[i] = np.float32(r)
+        unsure[i] = ufuncs._unsure(r)
 
+
+def test_erf_fast_path_hands_over_few_and_the_redo_fixes_them():
     x = np.random.default_rng(1).uniform(-4, 4, 100_000).astype(np.float32)
-    out, (unsure, words) = np.empty_like(x), ufuncs._unsure_flags(x.size)
-    ufuncs._erf_fast_serial(x, out, unsure)
-    assert 0 < unsure[:x.size].mean() < 0.01  # the redo path runs, and rarely
+    out, unsure = np.empty_like(x), np.zeros(x.size, np.bool_)
+    _estimates(x, out, unsure)
+    assert 0 < unsure.mean() < 0.01  # the redo path runs, and rarely
     want = _correctly_rounded(x)
-    assert (out[unsure[:x.size]] != want[unsure[:x.size]]).any()  # some estimates alone would misround
-    ufuncs._redo(x, out, unsure, words, *ufuncs._tables(), False)
+    assert (out[unsure] != want[unsure]).any()  # some estimates alone would misround
+    ufuncs._redo(x, out, unsure, unsure.view(np.uint64), *ufuncs._tables(), False)
     np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(erf(x), want)  # the blocks' own fast path and redo
 
 
 def test_erf_f32_dense_near_every_interval_edge():
@@ -69,10 +80,29 @@ def test_erf_special_values_and_dtypes():
     assert erf(np.ones(3, np.float16)).dtype == np.float16
 
 
-@pytest.mark.parametrize("n", [100, PARALLEL_MIN_SIZE + 3])
+# inside one block, whole blocks, blocks and a part (a last block shorter than its flags), enough to split
+SIZES = [100, BLOCK, BLOCK + 3, 2 * BLOCK - 1, (threads._MIN_SPLIT_WORK // ELEMENT_COST) * 3 + 5]
+
+
+@pytest.mark.parametrize("n", SIZES)
 def test_gelu_fused_equals_op_sequence(n):
     x = np.random.default_rng(n).standard_normal(n).astype(np.float32) * 4
     e = erf(x / np.float32(np.sqrt(2.0)))
     unfused = np.float32(0.5) * x * (np.float32(1.0) + e)
     np.testing.assert_array_equal(gelu_erf(x), unfused)
-    np.testing.assert_array_equal(erf(x), _correctly_rounded(x))  # serial and parallel paths agree
+    np.testing.assert_array_equal(erf(x), _correctly_rounded(x))
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_a_forwards_threads_split_erf_and_gelu_into_chunks_with_the_same_bits(n, monkeypatch):
+    x = np.random.default_rng(n + 1).uniform(-5, 5, n).astype(np.float32)
+    x[::97] = np.nan
+    want_erf, want_gelu = erf(x), gelu_erf(x)  # outside a forward: one thread
+    counts = []
+    real = threads.run_chunks
+    monkeypatch.setattr(threads, "run_chunks", lambda count, fn: counts.append(count) or real(count, fn))
+    with threadpool_limits(2, "blas"), threads.forward_threads():
+        got_erf, got_gelu = erf(x), gelu_erf(x)
+    np.testing.assert_array_equal(got_erf, want_erf)
+    np.testing.assert_array_equal(got_gelu, want_gelu)
+    assert counts == ([2, 2] if n * ELEMENT_COST >= threads._MIN_SPLIT_WORK else [1, 1])

@@ -26,6 +26,7 @@ from numba.extending import intrinsic
 
 from rlx_format.numba_setup import numba
 
+from . import threads
 from .erf_tables import (DEG, FAST_BIG_HEX, FAST_ONE, FAST_SMALL_HEX, FAST_SPLIT, FAST_TOL, HI, LO, POLYS_HEX,
                          TAYLOR_HEX, TAYLOR_TERMS, WIDTH)
 from .simd import EXP_ABS_MAX as _ABS_MAX
@@ -33,9 +34,6 @@ from .simd import EXP_INV_LN2 as _INV_LN2
 from .simd import EXP_LN2_HI as _LN2_HI
 from .simd import EXP_LN2_LO as _LN2_LO
 from .simd import EXP_TERMS, exp_shifted_f32, max_f32, sigmoid_array, sum_f32
-from .numba_parallel import parallel_call  # also selects numba's threading layer before any parallel ufunc runs
-
-PARALLEL_MIN_SIZE = 1 << 15
 
 _LO, _HI, _WIDTH, _DEG, _TAYLOR_TERMS = LO, HI, WIDTH, DEG, TAYLOR_TERMS
 _INTERVALS = int(round((_HI - _LO) / _WIDTH))
@@ -110,40 +108,49 @@ def _unsure(r):  # pragma: no cover - compiled
 # 6.0-6.4 ms with separate multiplies and adds, 3.4-4.7 ms contracted.
 _FAST_MATH = {"contract"}
 
-
-@numba.njit(cache=True, parallel=True, error_model="numpy", fastmath=_FAST_MATH)
-def _erf_fast_parallel(x, out, unsure):  # pragma: no cover - compiled
-    for i in numba.prange(x.size):
-        r = _erf_estimate(np.float64(x[i]))
-        out[i] = np.float32(r)
-        unsure[i] = _unsure(r)
-
-
-@numba.njit(cache=True, error_model="numpy", fastmath=_FAST_MATH)
-def _erf_fast_serial(x, out, unsure):  # pragma: no cover - compiled
-    for i in range(x.size):
-        r = _erf_estimate(np.float64(x[i]))
-        out[i] = np.float32(r)
-        unsure[i] = _unsure(r)
-
-
 _SQRT2_F32 = np.float32(math.sqrt(2.0))
+# elements per block of the fast path: its flags (and their uint64 words) stay in L1 for the redo that follows
+BLOCK = 1024
+# an element's cost in GEMM multiply-adds (what threads.threads_for counts): the fast path took ~2.2 ns an element
+# at 1 thread, a GEMM ~0.025 ns a multiply-add, so inputs of ~32 K elements (~70 us) and up split over the threads
+ELEMENT_COST = 64
 
 
-def _unsure_flags(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """n flags for the fast path to fill, and the same bytes as uint64 words (the tail past n is False), so
-    the redo loops skip eight sure elements per test."""
-    flags = np.empty(-(-n // 8) * 8, np.bool_)
-    flags[n:] = False
-    return flags, flags.view(np.uint64)
+# Serial blocks in chunks over rlx's threads, not a numba prange loop: compiled for prange, the same loop ran 1.5x
+# slower on one thread (GELU on 8x128x1536: 5.2 ms against 3.5, Xeon AVX-512), and the flags of a whole array
+# (then a second pass over them) are a block's here
+@numba.njit(cache=True, nogil=True, error_model="numpy", fastmath=_FAST_MATH)
+def _fast_blocks(x, out, start, stop, polys, taylor, gelu):  # pragma: no cover - compiled
+    """erf(x) (or GELU's steps when `gelu`) on elements start..stop: the fast path on a block, then the exact path
+    (_redo) on the block's elements it was unsure of."""
+    flags = np.zeros(BLOCK, np.bool_)
+    words = flags.view(np.uint64)
+    for b0 in range(start, stop, BLOCK):
+        b1 = min(stop, b0 + BLOCK)
+        if b1 - b0 < BLOCK:
+            flags[:] = False  # no stale flag past the block's end (it would only redo a sure element)
+        xs, outs = x[b0:b1], out[b0:b1]
+        if gelu:
+            for i in range(b1 - b0):
+                v = xs[i]
+                r = _erf_estimate(np.float64(v / _SQRT2_F32))
+                outs[i] = np.float32(0.5) * v * (np.float32(1.0) + np.float32(r))
+                flags[i] = _unsure(r)
+        else:
+            for i in range(b1 - b0):
+                r = _erf_estimate(np.float64(xs[i]))
+                outs[i] = np.float32(r)
+                flags[i] = _unsure(r)
+        _redo(xs, outs, flags, words, polys, taylor, gelu)
 
 
-@numba.njit(cache=True)
+# not contracted (no fastmath): the exact path's multiply-adds are those the tables were checked with
+@numba.njit(cache=True, nogil=True)
 def _redo(x, out, unsure, words, polys, taylor, gelu):  # pragma: no cover - compiled
     """The exact path for the elements the fast path was unsure of: erf(x), or GELU's steps when `gelu`."""
     for w in range(words.size):
         if words[w]:
-            for i in range(8 * w, 8 * w + 8):
+            for i in range(8 * w, min(8 * w + 8, x.size)):
                 if unsure[i]:
                     v = x[i]
                     if gelu:
@@ -151,6 +158,17 @@ def _redo(x, out, unsure, words, polys, taylor, gelu):  # pragma: no cover - com
                         out[i] = np.float32(0.5) * v * (np.float32(1.0) + e)
                     else:
                         out[i] = np.float32(_erf64(np.float64(v), polys, taylor))
+
+
+def _erf_pass(x: np.ndarray, gelu: bool) -> np.ndarray:
+    """_fast_blocks over float32 x, split in chunks over the forward's threads."""
+    flat = np.ascontiguousarray(x).reshape(-1)
+    out = np.empty_like(flat)
+    polys, taylor = _tables()
+    edges = threads.chunk_edges(flat.size, threads.threads_for(flat.size * ELEMENT_COST), BLOCK)
+    threads.run_chunks(len(edges) - 1,
+                       lambda i: _fast_blocks(flat, out, edges[i], edges[i + 1], polys, taylor, gelu))
+    return out.reshape(x.shape)
 
 
 @numba.njit(cache=True)
@@ -173,39 +191,16 @@ def erf(x: np.ndarray) -> np.ndarray:
         return _erf_f64(x)
     if x.dtype != np.float32:  # float16: through float32
         return erf(x.astype(np.float32)).astype(x.dtype)
-    flat = np.ascontiguousarray(x).reshape(-1)
-    out = np.empty_like(flat)
-    unsure, words = _unsure_flags(flat.size)
-    if flat.size >= PARALLEL_MIN_SIZE:
-        parallel_call(_erf_fast_parallel, flat, out, unsure)
-    else:
-        _erf_fast_serial(flat, out, unsure)
-    _redo(flat, out, unsure, words, *_tables(), False)
-    return out.reshape(x.shape)
-
-
-# the same float32 steps as Div -> Erf -> Add -> Mul -> Mul, erf as in erf() (fast path, then the exact
-# one where the fast one is unsure)
-@numba.njit(cache=True, parallel=True, error_model="numpy", fastmath=_FAST_MATH)
-def _gelu_fast(x, out, unsure):  # pragma: no cover - compiled
-    for i in numba.prange(x.size):
-        v = x[i]
-        r = _erf_estimate(np.float64(v / _SQRT2_F32))
-        out[i] = np.float32(0.5) * v * (np.float32(1.0) + np.float32(r))
-        unsure[i] = _unsure(r)
+    return _erf_pass(x, False)
 
 
 def gelu_erf(x: np.ndarray) -> np.ndarray:
-    """0.5·x·(1 + erf(x / √2)) in one pass; float32 results equal the unfused op sequence."""
+    """0.5·x·(1 + erf(x / √2)) in one pass; float32 results equal the unfused op sequence (Div -> Erf -> Add -> Mul
+    -> Mul, erf as in erf(): the fast path, then the exact one where the fast one is unsure)."""
     if x.dtype != np.float32:
         xf = x.astype(np.float64)
         return (0.5 * xf * (1.0 + _erf_f64(xf / math.sqrt(2.0)))).astype(x.dtype)
-    flat = np.ascontiguousarray(x).reshape(-1)
-    out = np.empty_like(flat)
-    unsure, words = _unsure_flags(flat.size)
-    parallel_call(_gelu_fast, flat, out, unsure)
-    _redo(flat, out, unsure, words, *_tables(), True)
-    return out.reshape(x.shape)
+    return _erf_pass(x, True)
 
 
 # ------------------------------------------------------------------ tanh's exponential
