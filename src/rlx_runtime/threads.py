@@ -567,6 +567,13 @@ def gemm_into(a: np.ndarray, b: np.ndarray, out: np.ndarray, beta: float = 0.0) 
 _MIN_GEMV_SPLIT = 1 << 18
 
 
+def rows_in_chunks(rows: int, work: int, fn: Callable[[int, int], None]) -> None:
+    """fn(r0, r1) over rows 0..rows in one chunk per thread that `work` (the whole job's, in GEMM multiply-adds)
+    is worth (threads_for), run by run_chunks: for row kernels (numba, nogil) whose rows are independent."""
+    edges = chunk_edges(rows, threads_for(work), 1)
+    run_chunks(len(edges) - 1, lambda i: fn(edges[i], edges[i + 1]))
+
+
 def _matmul_2d(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None) -> np.ndarray:
     m, n = a.shape[0], b.shape[1]
     work = m * n * a.shape[1]

@@ -466,10 +466,9 @@ def _maxpool_cpu(xp, a, x):
     y = _aligned().empty((n, c, *out_sp), math.prod(out_sp))
     y3 = y.reshape(n * c, *out_sp)
     # a tap costs about what a conv tap does (conv_taps.TAP_COST GEMM multiply-adds: a vector op and its load)
-    edges = threads.chunk_edges(n * c, threads.threads_for(y.size * k[0] * k[1] * conv_taps.TAP_COST), 1)
     fold = _conv_kernels().maxpool_planes
-    threads.run_chunks(len(edges) - 1, lambda i: fold(x3, y3, edges[i], edges[i + 1], k[0], k[1], *strides, *dil,
-                                                      pads[0], pads[1]))
+    threads.rows_in_chunks(n * c, y.size * k[0] * k[1] * conv_taps.TAP_COST,
+                           lambda p0, p1: fold(x3, y3, p0, p1, k[0], k[1], *strides, *dil, pads[0], pads[1]))
     return y
 
 
@@ -547,8 +546,13 @@ def _layernorm_cpu(xp, a, x, scale, bias=None):
         return _layernorm(xp, a, x, scale, bias)
     out = np.empty(x.shape, np.float32)
     b = np.ascontiguousarray(bias).reshape(-1) if bias is not None else out.reshape(-1)[:0]
-    _ufuncs().layer_norm_rows(np.ascontiguousarray(x).reshape(-1), np.ascontiguousarray(scale).reshape(-1), b,
-                              bias is not None, out.reshape(-1), width, np.float32(a["epsilon"]))
+    flat, dst = np.ascontiguousarray(x).reshape(-1), out.reshape(-1)
+    scale, eps, rows_of = np.ascontiguousarray(scale).reshape(-1), np.float32(a["epsilon"]), _ufuncs().layer_norm_rows
+
+    def rows(r0: int, r1: int) -> None:
+        rows_of(flat[r0 * width:r1 * width], scale, b, bias is not None, dst[r0 * width:r1 * width], width, eps)
+
+    threads.rows_in_chunks(flat.size // width, flat.size * _ufuncs().ROW_PASS_COST, rows)
     return out
 
 
