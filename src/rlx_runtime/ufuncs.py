@@ -165,9 +165,8 @@ def _erf_pass(x: np.ndarray, gelu: bool) -> np.ndarray:
     flat = np.ascontiguousarray(x).reshape(-1)
     out = np.empty_like(flat)
     polys, taylor = _tables()
-    edges = threads.chunk_edges(flat.size, threads.threads_for(flat.size * ELEMENT_COST), BLOCK)
-    threads.run_chunks(len(edges) - 1,
-                       lambda i: _fast_blocks(flat, out, edges[i], edges[i + 1], polys, taylor, gelu))
+    threads.rows_in_chunks(flat.size, flat.size * ELEMENT_COST,
+                           lambda s, e: _fast_blocks(flat, out, s, e, polys, taylor, gelu))
     return out.reshape(x.shape)
 
 
