@@ -57,3 +57,18 @@ def test_max_pool_planes_split_with_the_same_bits(monkeypatch):
     np.testing.assert_array_equal(two, one)
     assert counts == [2]
     np.testing.assert_array_equal(one, nn._maxpool(np, attrs, x))
+
+
+@pytest.mark.parametrize("numba_rows", [True, False], ids=["row-kernel", "generic"])
+def test_layer_norm_takes_the_models_epsilon(numba_rows):
+    """Rows whose variance (~1e-8) is far below a common epsilon floor (1e-5): the result depends on the model's
+    own epsilon (MiniLM's is 1e-12), on the CPU row kernel and on the generic steps alike."""
+    x = (1.0 + RNG.standard_normal((4, 384)) * 1e-4).astype(np.float32)
+    s = np.ones(384, np.float32)
+    a = {"axis": -1, "epsilon": 1e-12}
+    got = nn._layernorm_cpu(np, a, x, s) if numba_rows else nn._layernorm(np, a, x, s)
+    x64 = x.astype(np.float64)
+    d = x64 - x64.mean(axis=-1, keepdims=True)
+    want = d / np.sqrt((d * d).mean(axis=-1, keepdims=True) + 1e-12)
+    np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3)
+    assert np.abs(got).max() > 2  # unit variance: a 1e-5 floor would shrink these rows ~30-fold
