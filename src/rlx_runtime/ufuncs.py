@@ -128,7 +128,7 @@ def _fast_blocks(x, out, start, stop, polys, taylor, gelu):  # pragma: no cover 
     for b0 in range(start, stop, BLOCK):
         b1 = min(stop, b0 + BLOCK)
         if b1 - b0 < BLOCK:
-            flags[:] = False  # no stale flag past the block's end (it would only redo a sure element)
+            flags[:] = False  # no stale flag past the block's end (_redo would test those words for nothing)
         xs, outs = x[b0:b1], out[b0:b1]
         if gelu:
             for i in range(b1 - b0):
