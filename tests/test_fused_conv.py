@@ -14,7 +14,7 @@ import pytest
 import rlx_runtime.passes.pipeline as pipeline
 from rlx_bake import BakeOptions, bake
 from rlx_format import GraphBuilder
-from rlx_runtime import Session
+from rlx_runtime import Session, codegen
 from rlx_runtime.backend import CPU
 from rlx_runtime.kernels import KERNELS
 from rlx_runtime.kernels.registry import prepare_attrs
@@ -338,6 +338,7 @@ def test_relu_fused_conv_before_and_after_numba_loads(xs, ws, attrs, numba_loade
     real = nn._conv_nobias_cpu
     monkeypatch.setattr(nn, "_numba_loaded", lambda: numba_loaded)
     monkeypatch.setattr(nn, "_conv_nobias_cpu", lambda a, x, w, ep=None: calls.append(ep) or real(a, x, w, ep))
+    monkeypatch.setattr(codegen, "BIND", False)  # the registered kernel's own paths (test_bound_kernels.py: bound)
     fused = Session().compile(g)
     for feed in (_inputs(xs), RNG.standard_normal(xs).astype(np.float32)):
         want = ref.run({"x": feed})["act"]

@@ -44,6 +44,11 @@ class Backend:
         kernels, overrides = _registry()
         return overrides.get(self.name, {}).get(op) or kernels[op]
 
+    def binder(self, op: str):
+        """The binder of `op` on this backend (kernels.registry.BINDERS), or None."""
+        from .kernels.registry import BINDERS
+        return BINDERS.get(self.name, {}).get(op)
+
     @functools.cached_property
     def special(self) -> Any:
         """erf(x) and expit(x) on this backend's arrays."""

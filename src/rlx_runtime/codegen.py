@@ -5,6 +5,10 @@ ones are dropped with `del`, and elementwise ops whose first input dies at that 
 it in place (only when that input is a fresh buffer of the same type: produced by a node whose
 kernel never aliases, read by no aliasing node; never an input, param or constant). Which ops alias
 and which compute in place is stated once, with each kernel (kernels.registry.KernelFacts).
+
+A step whose op has a binder on the backend (kernels.registry.BINDERS) calls it at its first run: the
+kernel it returns, bound to that step's attrs and inputs, takes the step's place in the generated
+function's namespace for every later call (BIND = False keeps the registered kernels: tests compare).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from .clamp import relu
 from .kernels.elementwise import multiply_cpu
 from .kernels.registry import FACTS
 
+BIND = True  # steps call their op's binder at their first run (module docstring)
+
 # in-place spellings that are not a plain numpy ufunc over the inputs
 _INPLACE_CALLS = {"relu": "_relu({0}, out={0})", "multiply": "_multiply({0}, {1}, out={0})"}
 
@@ -26,6 +32,16 @@ def _fits(shape: tuple, out: tuple) -> bool:
     if len(shape) > len(out):
         return False
     return all(d == 1 or d == o for d, o in zip(shape[::-1], out[::-1]))
+
+
+def _binding(ns: dict, key: str, kernel, bind):
+    """The step's first call: bind(attrs, *inputs) (None: the kernel itself) becomes ns[key], the name the
+    generated function calls the step by, and runs this call too. Two threads' first calls each bind; the
+    kernels they bind give the same values."""
+    def first(xp, attrs, *inputs):
+        ns[key] = bind(attrs, *inputs) or kernel
+        return ns[key](xp, attrs, *inputs)
+    return first
 
 
 def generate(plan) -> tuple[object, dict[int, int]]:
@@ -64,6 +80,9 @@ def generate(plan) -> tuple[object, dict[int, int]]:
             code = f"    v{st.out} = np.{facts.inplace}({args}, out=v{first})"
         else:
             code = f"    v{st.out} = K{i}(xp, A{i}{', ' if args else ''}{args})"
+            bind = plan.backend.binder(st.op) if BIND else None
+            if bind is not None:
+                ns[f"K{i}"] = _binding(ns, f"K{i}", st.fn, bind)
         lines.append(code)
         line_step[len(lines)] = i
         for f in st.frees:

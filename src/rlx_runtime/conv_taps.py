@@ -58,48 +58,67 @@ def phase_offsets(channels: int, kh: int, kw: int, sh: int, sw: int, dh: int, dw
     return found
 
 
+class TapPlan:
+    """What taps2d derives from a conv's geometry and weights alone (its stride-phase layout, tap offsets and
+    weight rows, its work), for run_taps: built once per plan step by a bound kernel (kernels/nn.py), per call by
+    taps2d."""
+
+    __slots__ = ("shape", "out_shape", "wq", "stride", "size", "offsets", "taps", "fill", "work")
+
+    def __init__(self, x_shape: tuple, w: np.ndarray, strides, dil, pads, out_sp):
+        lanes = _numba_side()[1]
+        n, c, h, wd = x_shape
+        kh, kw = w.shape[2], w.shape[3]
+        (sh, sw), (dh, dw) = strides, dil
+        oh, ow = out_sp
+        self.shape, self.out_shape = tuple(x_shape), (n, c, oh, ow)
+        self.wq, hq, plane, self.stride = phase_layout(h, wd, pads, sh, sw, lanes)
+        # the grid rounded up to whole 32-lane vectors (no scalar tail: a 7x7 plane has 77 outputs; the phases'
+        # slack covers those extra reads)
+        self.size = -(-(oh * self.wq) // lanes) * lanes
+        self.offsets = phase_offsets(1, kh, kw, sh, sw, dh, dw, plane, self.wq, self.stride)
+        self.taps = np.ascontiguousarray(w.reshape(c, -1))
+        self.fill = (sh, sw, pads[0], pads[1], hq)
+        self.work = c * len(self.offsets) * oh * self.wq * TAP_COST
+
+
 def taps2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp, epilogue=None) -> np.ndarray:
     """Depthwise conv without bias ((n, c, h, w) * (c, 1, kh, kw), group c) -> fresh (n, c, oh, ow) float32.
     `epilogue`, a conv_kernels.BiasActivation, is applied to each output channel by the kernel as soon as that
     channel is done."""
-    ck, lanes, aligned = _numba_side()
+    return run_taps(TapPlan(x.shape, w, strides, dil, pads, out_sp), x, epilogue)
+
+
+def run_taps(tp: TapPlan, x: np.ndarray, epilogue=None) -> np.ndarray:
+    """taps2d of x (of tp's input shape) by tp's conv."""
+    ck, _, aligned = _numba_side()
     x = np.ascontiguousarray(x)  # the kernels read it as one flat (N, C, H, W) buffer
-    n, c, h, wd = x.shape
-    kh, kw = w.shape[2], w.shape[3]
-    (sh, sw), (dh, dw) = strides, dil
-    oh, ow = out_sp
-    wq, hq, plane, stride = phase_layout(h, wd, pads, sh, sw, lanes)
-    # the grid rounded up to whole 32-lane vectors (no scalar tail: a 7x7 plane has 77 outputs; the phases' slack
-    # covers those extra reads)
-    size = -(-(oh * wq) // lanes) * lanes
-    offsets = phase_offsets(1, kh, kw, sh, sw, dh, dw, plane, wq, stride)
-    taps = np.ascontiguousarray(w.reshape(c, -1))
-    y = aligned.empty((n, c, oh, ow), oh * ow)
-    work = c * len(offsets) * oh * wq * TAP_COST
-    edges = threads.chunk_edges(c, threads.threads_for(n * work), min_chunk=8)
-    fill = (sh, sw, pads[0], pads[1], hq)
+    n, c, oh, ow = tp.out_shape
+    y = aligned.empty(tp.out_shape, oh * ow)
+    edges = threads.chunk_edges(c, threads.threads_for(n * tp.work), min_chunk=8)
     ep = threads.epilogue_fields(epilogue)
 
     if len(edges) == 2:  # one chunk: the same calls in the same order, on this thread, without a job around them
-        grid, phases = np.empty(size, np.float32), np.zeros(stride, np.float32)
+        grid, phases = np.empty(tp.size, np.float32), np.zeros(tp.stride, np.float32)
         for b in range(n):
-            ck.tap_planes(x, phases, taps, offsets, y, b, 0, c, grid, wq, *fill, *ep)
+            ck.tap_planes(x, phases, tp.taps, tp.offsets, y, b, 0, c, grid, tp.wq, *tp.fill, *ep)
         return y
     bias, has_bias, act, alpha, beta, has_lo, lo, has_hi, hi, res, has_res = ep
     with threads.Steps(n * len(edges), True) as steps:
-        steps.keep += (x, taps, offsets, y, ep)  # the rows hold only their addresses
+        steps.keep += (x, tp.taps, tp.offsets, y, ep)  # the rows hold only their addresses
         for c0, c1 in zip(edges, edges[1:]):
             # the chunk's scratch: its grid and its channel's phases
-            grid, phases = np.empty(size, np.float32), np.zeros(stride, np.float32)
+            grid, phases = np.empty(tp.size, np.float32), np.zeros(tp.stride, np.float32)
             steps.keep += (grid, phases)
             for b in range(n):
                 if steps.native:
                     k, ints, floats, r = steps.tables()
-                    k.put_taps(ints, floats, r, x, phases, taps, offsets, y, b, c0, c1, grid, wq, *fill, bias, has_bias,
-                               act, has_lo, has_hi, alpha, beta, lo, hi, res, has_res)
+                    k.put_taps(ints, floats, r, x, phases, tp.taps, tp.offsets, y, b, c0, c1, grid, tp.wq, *tp.fill,
+                               bias, has_bias, act, has_lo, has_hi, alpha, beta, lo, hi, res, has_res)
                     steps.added()
                 else:
-                    steps.added(partial(ck.tap_planes, x, phases, taps, offsets, y, b, c0, c1, grid, wq, *fill, *ep))
+                    steps.added(partial(ck.tap_planes, x, phases, tp.taps, tp.offsets, y, b, c0, c1, grid, tp.wq,
+                                        *tp.fill, *ep))
             steps.end_chunk()
         steps.run()
     return y

@@ -13,7 +13,7 @@ from rlx_format.ops import window_count
 from .. import conv_direct, conv_pointwise, conv_shifted, conv_taps, threads
 from ..backend import backend_of
 from ..clamp import relu
-from .registry import kernel, register
+from .registry import binder, kernel, register
 from .registry import numba_loaded as _numba_loaded  # a module global: tests replace it
 
 register("MatMul", lambda xp, a, x, y: xp.matmul(x, y))
@@ -365,6 +365,66 @@ def _fused_conv_cpu(xp, a, x, w, b=None, residual=None):
     if residual is not None:
         ep = ep.with_residual(np.ascontiguousarray(residual))
     return _conv_nobias_cpu(a, x, w, ep)
+
+
+@binder("Conv", "FusedConv", backend="cpu")
+def _bind_conv(a, x, w, b=None, residual=None):
+    """A float32 2-D conv step's bound kernel (kernels.registry.BINDERS), once numba is loaded: a squeeze-excite
+    block's 1x1-pixel FusedConv (_tiny_fused_conv), or the pointwise, depthwise or direct path with its epilogue,
+    geometry and weight matrix derived once. Other convs (the im2col and shifted-view GEMMs, which run long
+    enough that their wrappers' cost is small): None."""
+    if not (_numba_loaded() and isinstance(x, np.ndarray) and x.dtype == np.float32 and x.ndim == 4
+            and isinstance(w, np.ndarray) and w.dtype == np.float32 and w.ndim == 4
+            and (b is None or b.dtype == np.float32) and (residual is None or residual.dtype == np.float32)):
+        return None
+    fused = "activation" in a
+    generic = _fused_conv_cpu if fused else _conv_cpu
+    shape, w0, b0, res0 = x.shape, w, b, residual is not None
+
+    def bound(run):
+        def step(xp, attrs, x, w, b=None, *residual):
+            if x.shape != shape or x.dtype != np.float32 or w is not w0 or b is not b0 or bool(residual) != res0:
+                return generic(xp, attrs, x, w, b, *residual)
+            return run(x, residual[0] if residual else None)
+        return step
+
+    tiny = _tiny_pointwise(a, x, w)
+    if tiny:  # the unfused kernels' calls, as _fused_conv_cpu makes them
+        return bound(lambda x, _: _tiny_fused_conv(a, x, w0, b0)) if fused and not res0 and shape[0] == 1 else None
+    if fused:
+        ep0 = _epilogue(a, b0, a["activation"])
+    else:
+        ep0 = None if b0 is None else _epilogue(a, b0, "Identity")
+    conv = _bound_conv_nobias(a, shape, w0, ep0)
+    if conv is None:
+        return None
+    if res0:
+        return bound(lambda x, r: conv(x, ep0.with_residual(np.ascontiguousarray(r))))
+    return bound(lambda x, _: conv(x, ep0))
+
+
+def _bound_conv_nobias(a, shape: tuple, w: np.ndarray, epilogue):
+    """_conv_nobias_cpu's pointwise, depthwise or direct path for float32 inputs of `shape` and this w and
+    epilogue (numba loaded), as fn(x, epilogue) with everything that does not depend on x's values derived
+    now; None for its other paths."""
+    x = np.empty(shape, np.float32)  # for the paths' own tests of shape and dtype (no values are read)
+    n, c, h, wd = shape
+    o = w.shape[0]
+    if _pointwise_2d(a, x, w):
+        w2 = w.reshape(o, c)
+        out = (n, o, h, wd)
+        if conv_pointwise.use_pointwise(x, w, epilogue):
+            return lambda x, ep: conv_pointwise.pointwise(w2, x.reshape(n, c, h * wd), ep).reshape(out)
+        return lambda x, ep: threads.matmul(w2, x.reshape(c, h * wd) if n == 1 else x.reshape(n, c, h * wd),
+                                            ep).reshape(out)
+    strides, dil, pads = _spatial(a, 2)
+    out_sp = [window_count(shape[2 + i], w.shape[2 + i], strides[i], dil[i], pads[i], pads[i + 2]) for i in range(2)]
+    if conv_taps.use_depthwise(x, w, a["group"]):
+        tp = conv_taps.TapPlan(shape, w, strides, dil, pads, out_sp)
+        return lambda x, ep: conv_taps.run_taps(tp, x, ep)
+    if conv_direct.use_direct(x, w, a["group"], epilogue):
+        return lambda x, ep: conv_direct.direct2d(x, w, strides, dil, pads, out_sp, ep)
+    return None
 
 
 def _epilogue(a, b, activation: str):

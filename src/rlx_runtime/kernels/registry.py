@@ -34,6 +34,16 @@ class KernelFacts:
 
 FACTS: dict[str, KernelFacts] = {}
 
+# backend name -> op -> binder. A binder is called at a plan step's first run with the step's attrs and inputs, and
+# returns a kernel (the same signature and values) bound to them: the decisions the op's kernel makes on every
+# call (its path, its derived geometry, its epilogue) made once, so later calls run little Python beyond the compute.
+# Inside a CPU forward each Python operation of a step's wrapper cost 3-10x its hot time (the big kernels between
+# steps evict the interpreter's working set from the caches: a 576-channel 7x7 depthwise conv's wrappers took ~90 us
+# after a 16 MB copy, ~20 us hot). The bound kernel checks that its inputs are the ones it was bound to (shape,
+# dtype, the constant weights' identity) and hands any other call to the op's kernel. None: nothing to bind.
+Binder = Callable[..., Kernel | None]
+BINDERS: dict[str, dict[str, Binder]] = {}
+
 
 def kernel(*names: str, backend: str | None = None, **facts):
     """Register the decorated function as the kernel of `names`: generic (with the op's KernelFacts), or
@@ -53,6 +63,15 @@ def register(name: str, fn: Kernel, backend: str | None = None, **facts) -> None
         raise ValueError(f"{name}: kernel facts belong to the generic registration, not backend {backend!r}")
     else:
         OVERRIDES.setdefault(backend, {})[name] = fn
+
+
+def binder(*names: str, backend: str):
+    """Register the decorated function as the binder of `names` on `backend` (see BINDERS)."""
+    def deco(fn):
+        for n in names:
+            BINDERS.setdefault(backend, {})[n] = fn
+        return fn
+    return deco
 
 
 def numba_loaded() -> bool:

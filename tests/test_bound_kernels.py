@@ -1,0 +1,181 @@
+"""Bound kernels (kernels.registry.BINDERS, codegen._binding): a step's first run binds its op's kernel to the step's
+attrs and inputs, and every later run calls what was bound.
+
+What was bound must give the registered kernel's values bit for bit (assert_array_equal, NaN == NaN) on every path
+it binds (pointwise GEMM and skinny kernel, depthwise taps, direct convs, squeeze-excite 1x1-pixel convs with each
+activation, residual epilogues, batches, one and two threads), and must hand any call it was not bound for (another
+input shape, a param set anew) to the registered kernel. The reference is the same graph compiled with
+codegen.BIND off.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+from threadpoolctl import threadpool_limits
+
+import rlx_format.numba_setup  # noqa: F401 - the conv binder binds once numba is loaded
+from rlx_format import GraphBuilder
+from rlx_runtime import Session, codegen
+from rlx_runtime.backend import CPU
+
+RNG = np.random.default_rng(23)
+pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NaN inputs
+
+# (x shape, w shape, conv attrs): each conv path the binder binds, and one it leaves to the kernel
+CONVS = [
+    ((1, 24, 20, 20), (72, 24, 1, 1), {}),  # pointwise, the skinny kernel (>= 256 pixels)
+    ((2, 16, 18, 18), (40, 16, 1, 1), {}),  # pointwise, two images
+    ((1, 96, 7, 7), (160, 96, 1, 1), {}),  # pointwise, a small plane: the BLAS GEMM and its epilogue
+    ((1, 32, 1, 1), (8, 32, 1, 1), {}),  # a squeeze-excite 1x1-pixel conv: the unfused ops' kernels
+    ((1, 40, 14, 14), (40, 1, 5, 5), {"group": 40, "pads": [2, 2, 2, 2]}),  # depthwise
+    ((2, 24, 15, 13), (24, 1, 3, 3), {"group": 24, "pads": [1, 0, 2, 1], "strides": [2, 2]}),  # depthwise strided
+    ((1, 16, 30, 30), (16, 1, 3, 3), {"group": 16, "dilations": [2, 2], "pads": [2, 2, 2, 2]}),  # dilated
+    ((1, 3, 33, 29), (16, 3, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),  # an RGB stem: direct
+    ((1, 4, 9, 9), (6, 2, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]}),  # grouped: left to the kernel
+]
+ACTS = [None, ("Relu", {}), ("HardSwish", {}), ("Sigmoid", {}), ("Silu", {}), ("Clip", {"min": 0.0, "max": 1.0}),
+        ("LeakyRelu", {"alpha": 0.1})]
+
+
+def _conv_graph(xs, ws, attrs, act, bias=True, residual=False, batch=None):
+    """x -> Conv (-> Add(conv, s) with `residual`) (-> act); `batch`: x's first dim symbolic."""
+    g = GraphBuilder("bound")
+    x = g.input("x", "f32", [batch or xs[0], *xs[1:]])
+    ins = [x, g.constant(RNG.standard_normal(ws).astype(np.float32), name="w")]
+    if bias:
+        ins.append(g.constant(RNG.standard_normal(ws[0]).astype(np.float32), name="b"))
+    out = g.op("Conv", *ins, name="conv", **attrs)
+    if residual:
+        out = g.op("Add", out, g.input("s", "f32", list(_out_shape(xs, ws, attrs))), name="add")
+    if act is not None and act[0] == "HardSwish":  # as the ONNX import lowers it (the fusion pass finds it)
+        t = g.op("Mul", out, g.constant(np.array(1 / 6, np.float32), name="alpha"), name="m")
+        t = g.op("Clip", g.op("Add", t, g.constant(np.array(0.5, np.float32), name="beta"), name="s"), name="h",
+                 min=0.0, max=1.0)
+        out = g.op("Mul", out, t, name="act")
+    elif act is not None:
+        out = g.op(act[0], out, name="act", **act[1])
+    g.output(out)
+    return g.build()
+
+
+def _out_shape(xs, ws, attrs):
+    s = attrs.get("strides", [1, 1])
+    d = attrs.get("dilations", [1, 1])
+    p = attrs.get("pads", [0, 0, 0, 0])
+    return (xs[0], ws[0], *((xs[2 + i] + p[i] + p[i + 2] - d[i] * (ws[2 + i] - 1) - 1) // s[i] + 1 for i in range(2)))
+
+
+def _inputs(shape):
+    x = RNG.standard_normal(shape).astype(np.float32) * 3
+    flat = x.reshape(-1)
+    flat[::7] = np.nan
+    flat[1::11] = np.inf
+    flat[3::17] = -0.0
+    return x
+
+
+def _compiled(graph, monkeypatch, bind: bool):
+    with monkeypatch.context() as m:
+        m.setattr(codegen, "BIND", bind)
+        return Session().compile(graph)
+
+
+def _bound_steps(compiled) -> list[str]:
+    """The ops of the steps whose generated call is no longer the registered kernel (after a run)."""
+    plan = compiled._plan
+    names = plan._fast.__globals__
+    return [st.op for i, st in enumerate(plan.steps) if names[f"K{i}"] is not st.fn]
+
+
+def _same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("act", ACTS, ids=lambda v: str(v))
+@pytest.mark.parametrize("xs,ws,attrs", CONVS, ids=lambda v: str(v))
+def test_bound_conv_gives_the_kernels_values(xs, ws, attrs, act, threads, monkeypatch):
+    g = _conv_graph(xs, ws, attrs, act)
+    bound, ref = _compiled(g, monkeypatch, True), _compiled(g, monkeypatch, False)
+    with threadpool_limits(threads, "blas"):
+        for feed in (_inputs(xs), RNG.standard_normal(xs).astype(np.float32)):
+            want = ref.run({"x": feed})
+            for _ in range(2):  # the first run binds, the second calls what was bound
+                _same(bound.run({"x": feed}), want)
+    assert not _bound_steps(ref)
+    grouped = attrs.get("group", 1) not in (1, xs[1])
+    tiny_unfused = ws[2] == ws[3] == 1 and np.prod(_out_shape(xs, ws, attrs)) <= 4096 and act is None
+    assert _bound_steps(bound) == ([] if grouped or tiny_unfused else [compiled_op(bound)])
+
+
+def compiled_op(compiled) -> str:
+    (op,) = [n.op for n in compiled.graph.nodes]
+    return op
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("xs,ws,attrs", [c for c in CONVS if c[1][1] == c[0][1] or c[1][1] == 1][:7],
+                         ids=lambda v: str(v))
+def test_bound_residual_conv_gives_the_kernels_values(xs, ws, attrs, threads, monkeypatch):
+    monkeypatch.setattr(importlib.import_module("rlx_runtime.passes.fuse"), "MIN_RESIDUAL_OUTPUTS", 0)
+    g = _conv_graph(xs, ws, attrs, ("Relu", {}), residual=True)
+    bound, ref = _compiled(g, monkeypatch, True), _compiled(g, monkeypatch, False)
+    assert [n.op for n in bound.graph.nodes] == ["FusedConv"] and len(bound.graph.nodes[0].inputs) == 4
+    with threadpool_limits(threads, "blas"):
+        for _ in range(2):
+            feeds = {"x": _inputs(xs), "s": _inputs(_out_shape(xs, ws, attrs))}
+            want = ref.run(feeds)
+            _same(bound.run(feeds), want)
+            _same(bound.run(feeds), want)
+    tiny = np.prod(_out_shape(xs, ws, attrs)) <= 4096 and ws[2] == ws[3] == 1
+    assert _bound_steps(bound) == ([] if tiny else ["FusedConv"])
+
+
+@pytest.mark.parametrize("xs,ws,attrs", [CONVS[0], CONVS[2], CONVS[3], CONVS[5], CONVS[7]], ids=lambda v: str(v))
+def test_other_input_shapes_go_to_the_kernel(xs, ws, attrs, monkeypatch):
+    """Bound at batch 1, the step is called at batch 2, then 1 again: every result is the kernel's."""
+    g = _conv_graph((1, *xs[1:]), ws, attrs, ("HardSwish", {}), batch="n")
+    bound, ref = _compiled(g, monkeypatch, True), _compiled(g, monkeypatch, False)
+    for n in (1, 2, 3, 1):
+        feed = {"x": _inputs((n, *xs[1:]))}
+        _same(bound.run(feed), ref.run(feed))
+    assert _bound_steps(bound) == [compiled_op(bound)]
+
+
+def test_a_param_set_anew_goes_to_the_kernel(monkeypatch):
+    """A conv weight that is a param: bound to the first array, a later set_param's array is the kernel's."""
+    xs, ws = (1, 24, 20, 20), (24, 1, 3, 3)
+    g = GraphBuilder("param")
+    x = g.input("x", "f32", list(xs))
+    w = g.param("w", "f32", list(ws))
+    g.output(g.op("Relu", g.op("Conv", x, w, g.constant(RNG.standard_normal(24).astype(np.float32), name="b"),
+                                name="conv", group=24, pads=[1, 1, 1, 1]), name="act"))
+    graph = g.build()
+    bound, ref = _compiled(graph, monkeypatch, True), _compiled(graph, monkeypatch, False)
+    feed = {"x": _inputs(xs)}
+    for _ in range(3):
+        weight = RNG.standard_normal(ws).astype(np.float32)
+        bound.set_param("w", weight)
+        ref.set_param("w", weight)
+        _same(bound.run(feed), ref.run(feed))
+        _same(bound.run(feed), ref.run(feed))
+
+
+def test_float64_convs_are_not_bound(monkeypatch):
+    g = GraphBuilder("f64")
+    x = g.input("x", "f64", [1, 8, 16, 16])
+    g.output(g.op("Conv", x, g.constant(RNG.standard_normal((8, 1, 3, 3)), name="w", dtype="f64"), name="conv", group=8,
+                  pads=[1, 1, 1, 1]))
+    bound = _compiled(g.build(), monkeypatch, True)
+    bound.run({"x": RNG.standard_normal((1, 8, 16, 16))})
+    assert _bound_steps(bound) == []
+
+
+def test_binders_are_registered_for_the_cpu_only():
+    assert CPU.binder("Conv") is not None and CPU.binder("FusedConv") is not None
+    assert CPU.binder("Relu") is None
