@@ -147,23 +147,29 @@ def test_other_input_shapes_go_to_the_kernel(xs, ws, attrs, monkeypatch):
     assert _bound_steps(bound) == [compiled_op(bound)]
 
 
-def test_a_param_set_anew_goes_to_the_kernel(monkeypatch):
-    """A conv weight that is a param: bound to the first array, a later set_param's array is the kernel's."""
-    xs, ws = (1, 24, 20, 20), (24, 1, 3, 3)
-    g = GraphBuilder("param")
-    x = g.input("x", "f32", list(xs))
-    w = g.param("w", "f32", list(ws))
-    g.output(g.op("Relu", g.op("Conv", x, w, g.constant(RNG.standard_normal(24).astype(np.float32), name="b"),
-                                name="conv", group=24, pads=[1, 1, 1, 1]), name="act"))
-    graph = g.build()
-    bound, ref = _compiled(graph, monkeypatch, True), _compiled(graph, monkeypatch, False)
-    feed = {"x": _inputs(xs)}
+@pytest.mark.parametrize("xs,ws,attrs", [((1, 24, 20, 20), (24, 1, 3, 3), {"group": 24, "pads": [1, 1, 1, 1]}),
+                                          ((1, 96, 1, 1), (24, 96, 1, 1), {})], ids=str)
+def test_a_param_set_anew_goes_to_the_kernel(xs, ws, attrs):
+    """A conv weight that is a param: bound to the first array, a later set_param's array gives what the graph
+    with that weight as a constant gives (a depthwise conv; a 1x1-pixel one, whose transposed weights pixel_conv
+    keeps per weight array)."""
+    bias = RNG.standard_normal(ws[0]).astype(np.float32)
+
+    def graph(weight=None):
+        g = GraphBuilder("param")
+        x = g.input("x", "f32", list(xs))
+        w = g.param("w", "f32", list(ws)) if weight is None else g.constant(weight, name="w")
+        g.output(g.op("Relu", g.op("Conv", x, w, g.constant(bias, name="b"), name="conv", **attrs), name="act"))
+        return g.build()
+
+    bound = Session().compile(graph())
+    feed = {"x": RNG.standard_normal(xs).astype(np.float32)}  # finite: a NaN would reach every 1x1-pixel output
     for _ in range(3):
         weight = RNG.standard_normal(ws).astype(np.float32)
         bound.set_param("w", weight)
-        ref.set_param("w", weight)
-        _same(bound.run(feed), ref.run(feed))
-        _same(bound.run(feed), ref.run(feed))
+        want = Session().compile(graph(weight)).run(feed)
+        _same(bound.run(feed), want)
+        _same(bound.run(feed), want)
 
 
 def test_float64_convs_are_not_bound(monkeypatch):
@@ -179,3 +185,75 @@ def test_float64_convs_are_not_bound(monkeypatch):
 def test_binders_are_registered_for_the_cpu_only():
     assert CPU.binder("Conv") is not None and CPU.binder("FusedConv") is not None
     assert CPU.binder("Relu") is None
+
+
+# a squeeze-excite block's 1x1-pixel convs: conv_kernels.pixel_conv once numba is loaded (nn._pixel_conv_applies)
+PIXEL_CASES = [(8, 32), (24, 96), (144, 576), (576, 144), (37, 5)]
+
+
+def _pixel_graph(o, c, act, fused_input=False):
+    g = GraphBuilder("se")
+    x = g.input("x", "f32", [1, c, 1, 1])
+    w = g.constant(RNG.standard_normal((o, c, 1, 1)).astype(np.float32), name="w")
+    out = g.op("Conv", x, w, g.constant(RNG.standard_normal(o).astype(np.float32), name="b"), name="conv")
+    if act is not None:
+        out = g.op(act[0], out, name="act", **act[1])
+    g.output(out)
+    return g.build()
+
+
+@pytest.mark.parametrize("act", [None, ("Relu", {}), ("Clip", {"min": 0.0, "max": 1.0}), ("Sigmoid", {}),
+                                 ("LeakyRelu", {"alpha": 0.1})], ids=str)
+@pytest.mark.parametrize("o,c", PIXEL_CASES, ids=str)
+def test_pixel_conv_is_each_outputs_fma_chain(o, c, act, monkeypatch):
+    """Each output: its products added by fma in input-channel order from 0.0, then the bias, then the
+    activation's kernel (what the unfused graph computes from that conv), fused and unfused alike."""
+    from exact_fma import fma32
+
+    from rlx_runtime.kernels import KERNELS
+    import rlx_runtime.passes.pipeline as pipeline
+    g = _pixel_graph(o, c, act)
+    fused = Session().compile(g)
+    with monkeypatch.context() as m:
+        m.setattr(pipeline, "FUSE_CONV", pipeline.Pass("fuse_conv", lambda g, ctx: pipeline.PassResult(g, False)))
+        unfused = Session().compile(g)
+    assert [n.op for n in fused.graph.nodes] == (["Conv"] if act is None else ["FusedConv"])
+    w = g.constants["w"].value.reshape(o, c)
+    b = g.constants["b"].value
+    for _ in range(3):
+        x = RNG.standard_normal((1, c, 1, 1)).astype(np.float32)
+        chain = np.zeros(o, np.float32)
+        for i in range(c):
+            chain = fma32(w[:, i], np.full(o, x.reshape(-1)[i], np.float32), chain)
+        want = (chain + b).reshape(1, o, 1, 1)
+        if act is not None:
+            want = KERNELS[act[0]](np, {"alpha": 0.01, "min": None, "max": None, **act[1]}, want)
+        for compiled in (fused, unfused):
+            (got,) = compiled.run({"x": x}).values()
+            np.testing.assert_array_equal(got, want)
+
+
+def test_pixel_conv_keeps_nan_and_inf_as_the_unfused_ops(monkeypatch):
+    import rlx_runtime.passes.pipeline as pipeline
+    for act in (("Relu", {}), ("Clip", {"min": -0.5, "max": 0.5}), ("Silu", {})):
+        g = _pixel_graph(24, 96, act)
+        fused = Session().compile(g)
+        with monkeypatch.context() as m:
+            m.setattr(pipeline, "FUSE_CONV", pipeline.Pass("fuse_conv", lambda g, ctx: pipeline.PassResult(g, False)))
+            unfused = Session().compile(g)
+        x = _inputs((1, 96, 1, 1))
+        _same(fused.run({"x": x}), unfused.run({"x": x}))
+
+
+def test_pixel_conv_only_up_to_its_work_limit(monkeypatch):
+    """Above PIXEL_MAX_WORK multiply-adds a 1x1-pixel conv is the GEMM threads.matmul splits."""
+    from rlx_runtime import conv_kernels
+    from rlx_runtime.kernels import nn
+    calls = []
+    real = conv_kernels.pixel_conv
+    monkeypatch.setattr(conv_kernels, "pixel_conv", lambda *args: calls.append(1) or real(*args))
+    for o, c, used in ((512, 512, True), (513, 512, False)):
+        calls.clear()
+        g = _pixel_graph(o, c, ("Relu", {}))
+        Session().compile(g).run({"x": RNG.standard_normal((1, c, 1, 1)).astype(np.float32)})
+        assert bool(calls) == used == (o * c <= nn.PIXEL_MAX_WORK)

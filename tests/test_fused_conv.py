@@ -266,26 +266,29 @@ def test_onnx_hard_swish_after_conv_matches_onnxruntime(tmp_path):
 
 @pytest.mark.parametrize("act,act_attrs", [("Sigmoid", {}), ("Relu", {}), ("Clip", {"min": 0.0, "max": 1.0}),
                                             ("LeakyRelu", {"alpha": 0.07}), ("Silu", {})], ids=str)
-@pytest.mark.parametrize("xs,ws,tiny", [((1, 144, 1, 1), (576, 144, 1, 1), True),  # a squeeze-excite conv
-                                        ((1, 16, 1, 1), (8, 16, 1, 1), True),
-                                        ((2, 8, 16, 16), (8, 8, 1, 1), True),  # exactly TINY_OUTPUT outputs
-                                        ((2, 8, 16, 17), (8, 8, 1, 1), False),
-                                        ((1, 144, 1, 1), (576, 144, 3, 3), False)],  # not pointwise
+@pytest.mark.parametrize("xs,ws,path", [((1, 144, 1, 1), (576, 144, 1, 1), "pixel"),  # a squeeze-excite conv
+                                        ((1, 16, 1, 1), (8, 16, 1, 1), "pixel"),
+                                        ((2, 8, 16, 16), (8, 8, 1, 1), "unfused"),  # exactly TINY_OUTPUT outputs
+                                        ((2, 8, 16, 17), (8, 8, 1, 1), "epilogue"),
+                                        ((1, 144, 1, 1), (576, 144, 3, 3), "epilogue")],  # not pointwise
                          ids=str)
-def test_small_pointwise_convs_take_the_unfused_kernels(xs, ws, tiny, act, act_attrs, monkeypatch):
-    """Pointwise convs of at most TINY_OUTPUT outputs (one image: nn._tiny_fused_conv; more: the generic
-    FusedConv) apply the activation as the unfused ops' own kernels, with the unfused graph's values."""
+def test_small_pointwise_convs_take_the_unfused_kernels(xs, ws, path, act, act_attrs, monkeypatch):
+    """Pointwise convs of at most TINY_OUTPUT outputs apply the activation as the unfused ops' own kernels (more
+    than one pixel: the generic FusedConv), or, one image's single pixel, as conv_kernels.pixel_conv's epilogue;
+    either with the unfused graph's values."""
+    from rlx_runtime import conv_kernels
     from rlx_runtime.kernels import nn
     calls = []
-    real = nn._unfused_activation
-    monkeypatch.setattr(nn, "_unfused_activation", lambda *a: calls.append(1) or real(*a))
+    real, real_pixel = nn._unfused_activation, conv_kernels.pixel_conv
+    monkeypatch.setattr(nn, "_unfused_activation", lambda *a: calls.append("unfused") or real(*a))
+    monkeypatch.setattr(conv_kernels, "pixel_conv", lambda *a: calls.append("pixel") or real_pixel(*a))
     attrs = {"pads": [1, 1, 1, 1]} if ws[2] == 3 else {}
     g = _graph(xs, ws, attrs, act, act_attrs)
     x = _inputs(xs)
     compiled = Session().compile(g)
     assert "FusedConv" in compiled.plan_ops()
     fused = compiled.run({"x": x})["act"]
-    assert bool(calls) == tiny
+    assert calls == ([] if path == "epilogue" else [path])
     np.testing.assert_array_equal(fused, _unfused(g, monkeypatch).run({"x": x})["act"])
 
 

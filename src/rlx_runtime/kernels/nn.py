@@ -229,6 +229,8 @@ def _conv_nobias_cpu(a, x, w, epilogue=None):
             # pointwise: the input is the column matrix (conv_nobias' 1x1 case, without its shape bookkeeping:
             # a squeeze-excite block's 1x1-pixel convs are mostly overhead)
             n, c, h, wd = x.shape
+            if _pixel_conv_applies(x, w, epilogue):
+                return _pixel_conv(a, x, w, epilogue)
             if _numba_loaded() and conv_pointwise.use_pointwise(x, w, epilogue):
                 y = conv_pointwise.pointwise(w.reshape(w.shape[0], c), x.reshape(n, c, h * wd), epilogue)
             else:
@@ -323,9 +325,11 @@ def _unfused_activation(xp, a, y):
 
 def _tiny_fused_conv(a, x, w, b):
     """A one-image float32 FusedConv without a residual whose conv is _tiny_pointwise (a squeeze-excite block's
-    1x1-pixel convs): the calls the unfused kernels make (the whole-GEMM np.matmul threads.matmul makes for so
-    small a product, Conv's bias add, the activation's kernels) without the dispatch between them (MobileNetV3's:
-    ~20 -> ~9 us each); the same values."""
+    1x1-pixel convs): one pixel_conv call once numba is loaded (_pixel_conv_applies), else the calls the unfused
+    kernels make (the whole-GEMM np.matmul threads.matmul makes for so small a product, Conv's bias add, the
+    activation's kernels) without the dispatch between them (MobileNetV3's: ~20 -> ~9 us each); the same values."""
+    if _pixel_conv_applies(x, w, None):
+        return _pixel_conv(a, x, w, _epilogue(a, b, a["activation"]))
     o, c = w.shape[:2]
     y = np.matmul(w.reshape(o, c), x.reshape(c, -1))
     if b is not None:
@@ -337,6 +341,32 @@ def _tiny_fused_conv(a, x, w, b):
 # squeeze-excite block's 1x1-pixel convs (64-1152 outputs) spent more in the epilogue's 18-argument dispatch than
 # in its arithmetic (a 144->576 Clip conv: 20.7 us fused, 12.7 unfused)
 TINY_OUTPUT = 4096
+
+
+# 1x1-pixel convs up to this many multiply-adds run as one pixel_conv (larger ones, a classifier's, are GEMVs that
+# threads.matmul splits over the forward's threads from this size on)
+PIXEL_MAX_WORK = 1 << 18
+
+
+def _pixel_conv_applies(x, w, epilogue) -> bool:
+    """A pointwise (_pointwise_2d) float32 conv of one image's single pixel, at most PIXEL_MAX_WORK multiply-adds,
+    no residual in `epilogue`, numba loaded: conv_kernels.pixel_conv."""
+    return (x.dtype == w.dtype == np.float32 and x.shape[0] * x.shape[2] * x.shape[3] == 1
+            and w.shape[0] * w.shape[1] <= PIXEL_MAX_WORK and _numba_loaded()
+            and (epilogue is None or not epilogue.args[-1]))
+
+
+def _pixel_conv(a, x, w, epilogue):
+    """conv_kernels.pixel_conv of _pixel_conv_applies' conv, `epilogue` (None: the conv alone) applied; the
+    transposed weight matrix made once per plan step and weight array."""
+    o, c = w.shape[:2]
+    cached = a.get("_pixel_weights")
+    if cached is None or cached[0] is not w:
+        cached = a["_pixel_weights"] = (w, np.ascontiguousarray(w.reshape(o, c).T))
+    out = np.empty((1, o, 1, 1), np.float32)
+    _conv_kernels().pixel_conv(out.reshape(-1), np.ascontiguousarray(x).reshape(-1), cached[1],
+                               *threads.epilogue_fields(epilogue)[:9])
+    return out
 
 
 def _tiny_pointwise(a, x, w) -> bool:
