@@ -29,7 +29,8 @@ CONVS = [
     ((1, 24, 20, 20), (72, 24, 1, 1), {}),  # pointwise, the skinny kernel (>= 256 pixels)
     ((2, 16, 18, 18), (40, 16, 1, 1), {}),  # pointwise, two images
     ((1, 96, 7, 7), (160, 96, 1, 1), {}),  # pointwise, a small plane: the BLAS GEMM and its epilogue
-    ((1, 32, 1, 1), (8, 32, 1, 1), {}),  # a squeeze-excite 1x1-pixel conv: the unfused ops' kernels
+    ((1, 32, 1, 1), (8, 32, 1, 1), {}),  # a squeeze-excite 1x1-pixel conv: pixel_conv
+    ((1, 16, 1, 1), (5000, 16, 1, 1), {}),  # a 1x1-pixel conv of more than TINY_OUTPUT outputs: pixel_conv too
     ((1, 40, 14, 14), (40, 1, 5, 5), {"group": 40, "pads": [2, 2, 2, 2]}),  # depthwise
     ((2, 24, 15, 13), (24, 1, 3, 3), {"group": 24, "pads": [1, 0, 2, 1], "strides": [2, 2]}),  # depthwise strided
     ((1, 16, 30, 30), (16, 1, 3, 3), {"group": 16, "dilations": [2, 2], "pads": [2, 2, 2, 2]}),  # dilated
@@ -126,9 +127,11 @@ def test_bound_residual_conv_gives_the_kernels_values(xs, ws, attrs, threads, mo
     g = _conv_graph(xs, ws, attrs, ("Relu", {}), residual=True)
     bound, ref = _compiled(g, monkeypatch, True), _compiled(g, monkeypatch, False)
     assert [n.op for n in bound.graph.nodes] == ["FusedConv"] and len(bound.graph.nodes[0].inputs) == 4
+    rs = _out_shape(xs, ws, attrs)
     with threadpool_limits(threads, "blas"):
-        for _ in range(2):
-            feeds = {"x": _inputs(xs), "s": _inputs(_out_shape(xs, ws, attrs))}
+        # NaN-laden and finite inputs (a NaN reaches every output of a 1x1-pixel conv)
+        finite = {"x": RNG.standard_normal(xs).astype(np.float32), "s": RNG.standard_normal(rs).astype(np.float32)}
+        for feeds in ({"x": _inputs(xs), "s": _inputs(rs)}, finite):
             want = ref.run(feeds)
             _same(bound.run(feeds), want)
             _same(bound.run(feeds), want)
@@ -142,8 +145,8 @@ def test_other_input_shapes_go_to_the_kernel(xs, ws, attrs, monkeypatch):
     g = _conv_graph((1, *xs[1:]), ws, attrs, ("HardSwish", {}), batch="n")
     bound, ref = _compiled(g, monkeypatch, True), _compiled(g, monkeypatch, False)
     for n in (1, 2, 3, 1):
-        feed = {"x": _inputs((n, *xs[1:]))}
-        _same(bound.run(feed), ref.run(feed))
+        for x in (_inputs((n, *xs[1:])), RNG.standard_normal((n, *xs[1:])).astype(np.float32)):
+            _same(bound.run({"x": x}), ref.run({"x": x}))
     assert _bound_steps(bound) == [compiled_op(bound)]
 
 

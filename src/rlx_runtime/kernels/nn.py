@@ -419,13 +419,14 @@ def _bind_conv(a, x, w, b=None, residual=None):
         return step
 
     tiny = _tiny_pointwise(a, x, w)
-    if tiny:  # the unfused kernels' calls, as _fused_conv_cpu makes them
+    if tiny:  # as _fused_conv_cpu runs it
         return bound(lambda x, _: _tiny_fused_conv(a, x, w0, b0)) if fused and not res0 and shape[0] == 1 else None
     if fused:
         ep0 = _epilogue(a, b0, a["activation"])
     else:
         ep0 = None if b0 is None else _epilogue(a, b0, "Identity")
-    conv = _bound_conv_nobias(a, shape, w0, ep0)
+    # the paths are chosen as _conv_nobias_cpu chooses them for the epilogue each call passes (a residual's too)
+    conv = _bound_conv_nobias(a, shape, w0, ep0 if not res0 else ep0.with_residual(np.empty(0, np.float32)))
     if conv is None:
         return None
     if res0:
@@ -443,6 +444,8 @@ def _bound_conv_nobias(a, shape: tuple, w: np.ndarray, epilogue):
     if _pointwise_2d(a, x, w):
         w2 = w.reshape(o, c)
         out = (n, o, h, wd)
+        if _pixel_conv_applies(x, w, epilogue):
+            return lambda x, ep: _pixel_conv(a, x, w, ep)
         if conv_pointwise.use_pointwise(x, w, epilogue):
             return lambda x, ep: conv_pointwise.pointwise(w2, x.reshape(n, c, h * wd), ep).reshape(out)
         return lambda x, ep: threads.matmul(w2, x.reshape(c, h * wd) if n == 1 else x.reshape(n, c, h * wd),
