@@ -40,6 +40,7 @@ from functools import partial
 
 import numpy as np
 
+from . import placement
 from .heap import keep_freed_memory
 from .pool_layout import (CTRL_SIZE, FINISHED, FLOAT_COLUMNS, INT_COLUMNS, KIND_CLOSED, KIND_NATIVE, KIND_PYTHON,
                           YIELD)
@@ -54,12 +55,13 @@ _active = 0                # forwards running (any thread); the first saves the 
 _saved = 1
 _blas: list | None = None  # the BLAS libraries rlx holds (_OpenBLAS), found once
 _pool = None              # the worker pool (_Pool), started by the first split
+_hold: placement.Hold | None = None  # the running forward's caller held on its CPU (placement.py), if it is
 
 
 def _after_fork_in_child() -> None:
     """A forked child has none of the parent's worker threads (and no forward running): start afresh."""
-    global _lock, _busy, _active, _pool
-    _lock, _busy, _active, _pool = threading.Lock(), threading.Lock(), 0, None
+    global _lock, _busy, _active, _pool, _hold
+    _lock, _busy, _active, _pool, _hold = threading.Lock(), threading.Lock(), 0, None, None
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -121,16 +123,21 @@ def _blas_controllers() -> list[_OpenBLAS]:
 def forward_threads() -> Iterator[None]:
     """The scope of one CPU forward: rlx's thread count is the BLAS's setting at entry; the BLAS runs
     single-threaded inside. Reentrant, and safe for forwards on several threads at once. The first one also keeps
-    freed heap memory mapped for the next (heap.py)."""
-    global _active, _saved
+    freed heap memory mapped for the next (heap.py) and, splitting over every CPU the process may use, holds its
+    caller on one CPU and the workers off it (placement.py)."""
+    global _active, _saved, _hold
     keep_freed_memory()
     with _lock:
-        if _active == 0:
+        first = _active == 0
+        if first:
             libs = _blas_controllers()
             _saved = max([c.get() for c in libs], default=1)
             if _saved > 1:
                 for c in libs:
                     c.set(1)
+            _hold = placement.hold_caller(_saved)
+            if _pool is not None:
+                _pool.keep_off(_hold)
         _active += 1
         threads = _saved
     outer = getattr(_local, "threads", None)
@@ -141,6 +148,9 @@ def forward_threads() -> Iterator[None]:
         _local.threads = outer
         with _lock:
             _active -= 1
+            if first and _hold is not None:
+                placement.release_caller(_hold)
+                _hold = None
             if _active == 0 and _saved > 1:
                 for c in _blas_controllers():
                     c.set(_saved)
@@ -241,8 +251,22 @@ class _Pool:
         self.gen, self.kind, self.job = 0, 0, None  # the newest job (generation, kind, Python job)
         self.cond = threading.Condition(threading.Lock())
         self.sleeping = 0
-        for _ in range(size):
-            threading.Thread(target=self._work, name="rlx", daemon=True).start()
+        self.workers = [threading.Thread(target=self._work, name="rlx", daemon=True) for _ in range(size)]
+        for t in self.workers:
+            t.start()
+        self.kept: frozenset | None = None  # the CPUs the workers are kept on (placement.py); None: as started
+        self.keep_off(_hold)
+
+    def keep_off(self, hold: placement.Hold | None) -> None:
+        """Keep the workers off the held caller's CPU; with no hold, let them run where the caller may."""
+        cpus = hold.others if hold is not None else None
+        if cpus == self.kept:
+            return
+        if cpus is None:
+            cpus = frozenset(os.sched_getaffinity(0))
+        for t in self.workers:
+            placement.keep_off(t.native_id, cpus)
+        self.kept = cpus if hold is not None else None
 
     def post(self, kind: int, count: int = 0, job: _Job | None = None) -> None:
         """Publish a job (a native one's table rows already written); wake sleeping workers."""
