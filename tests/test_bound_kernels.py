@@ -97,13 +97,22 @@ def _same(a: dict, b: dict) -> None:
         np.testing.assert_array_equal(a[k], b[k])
 
 
-@pytest.mark.parametrize("threads", [1, 2])
+def _threads(threads, monkeypatch) -> int:
+    """1, 2, or "2-split": 2 with every split taken however small (bound pointwise and depthwise convs run their
+    prepared jobs over the pool, threads.Prepared)."""
+    if threads == "2-split":
+        monkeypatch.setattr(importlib.import_module("rlx_runtime.threads"), "_MIN_SPLIT_WORK", 0)
+        return 2
+    return threads
+
+
+@pytest.mark.parametrize("threads", [1, 2, "2-split"])
 @pytest.mark.parametrize("act", ACTS, ids=lambda v: str(v))
 @pytest.mark.parametrize("xs,ws,attrs", CONVS, ids=lambda v: str(v))
 def test_bound_conv_gives_the_kernels_values(xs, ws, attrs, act, threads, monkeypatch):
     g = _conv_graph(xs, ws, attrs, act)
     bound, ref = _compiled(g, monkeypatch, True), _compiled(g, monkeypatch, False)
-    with threadpool_limits(threads, "blas"):
+    with threadpool_limits(_threads(threads, monkeypatch), "blas"):
         for feed in (_inputs(xs), RNG.standard_normal(xs).astype(np.float32)):
             want = ref.run({"x": feed})
             for _ in range(2):  # the first run binds, the second calls what was bound
@@ -119,7 +128,7 @@ def compiled_op(compiled) -> str:
     return op
 
 
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("threads", [1, 2, "2-split"])
 @pytest.mark.parametrize("xs,ws,attrs", [c for c in CONVS if c[1][1] == c[0][1] or c[1][1] == 1][:7],
                          ids=lambda v: str(v))
 def test_bound_residual_conv_gives_the_kernels_values(xs, ws, attrs, threads, monkeypatch):
@@ -128,7 +137,7 @@ def test_bound_residual_conv_gives_the_kernels_values(xs, ws, attrs, threads, mo
     bound, ref = _compiled(g, monkeypatch, True), _compiled(g, monkeypatch, False)
     assert [n.op for n in bound.graph.nodes] == ["FusedConv"] and len(bound.graph.nodes[0].inputs) == 4
     rs = _out_shape(xs, ws, attrs)
-    with threadpool_limits(threads, "blas"):
+    with threadpool_limits(_threads(threads, monkeypatch), "blas"):
         # NaN-laden and finite inputs (a NaN reaches every output of a 1x1-pixel conv)
         finite = {"x": RNG.standard_normal(xs).astype(np.float32), "s": RNG.standard_normal(rs).astype(np.float32)}
         for feeds in ({"x": _inputs(xs), "s": _inputs(rs)}, finite):
@@ -260,3 +269,42 @@ def test_pixel_conv_only_up_to_its_work_limit(monkeypatch):
         g = _pixel_graph(o, c, ("Relu", {}))
         Session().compile(g).run({"x": RNG.standard_normal((1, c, 1, 1)).astype(np.float32)})
         assert bool(calls) == used == (o * c <= nn.PIXEL_MAX_WORK)
+
+
+@pytest.mark.parametrize("threads", [1, "2-split"])
+def test_a_bound_step_run_from_two_threads_at_once_gives_each_its_values(threads, monkeypatch):
+    """A bound step's prepared job (its rows and scratch: threads.Prepared) is run by one caller at a time; a
+    second caller meanwhile takes the per-call kernel. Two threads run the same compiled model on their own
+    inputs at once, again and again: each gets the values of its own input."""
+    import threading
+
+    g = GraphBuilder("two")
+    x = g.input("x", "f32", [1, 24, 60, 60])
+    y = g.op("Conv", x, g.constant(RNG.standard_normal((24, 1, 3, 3)).astype(np.float32), name="dw"),
+             name="dwconv", group=24, pads=[1, 1, 1, 1])
+    y = g.op("Relu", y, name="r")
+    g.output(g.op("Conv", y, g.constant(RNG.standard_normal((48, 24, 1, 1)).astype(np.float32), name="pw"),
+                  name="pwconv"))
+    graph = g.build()
+    bound, ref = _compiled(graph, monkeypatch, True), _compiled(graph, monkeypatch, False)
+    feeds = [RNG.standard_normal((1, 24, 60, 60)).astype(np.float32) for _ in range(2)]
+    n = _threads(threads, monkeypatch)
+    with threadpool_limits(n, "blas"):
+        wants = [ref.run({"x": f}) for f in feeds]
+        bound.run({"x": feeds[0]})  # binds
+        assert len(_bound_steps(bound)) == 2
+        wrong = []
+
+        def worker(i):
+            with threadpool_limits(n, "blas"):
+                for _ in range(300):
+                    got = bound.run({"x": feeds[i]})
+                    if not all(np.array_equal(got[k], wants[i][k]) for k in got):
+                        wrong.append(i)
+
+        ts = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    assert not wrong

@@ -181,9 +181,8 @@ def test_which_shapes_take_the_path(xs, ws, attrs, taken):
     a = {"strides": [1, 1], "group": 1, **attrs}
     out_sp = [nn.window_count(xs[2 + i], ws[2 + i], a["strides"][i], 1, a["pads"][i] if "pads" in a else 0,
                               a["pads"][i + 2] if "pads" in a else 0) for i in range(2)]
-    x = np.zeros(xs, np.float32)
-    assert conv_shifted.use_shifted(x, np.zeros(ws, np.float32), a["strides"], a["group"], out_sp) is taken
-    assert not conv_shifted.use_shifted(x.astype(np.float64), np.zeros(ws), a["strides"], a["group"], out_sp)
+    assert conv_shifted.use_shifted(xs, np.float32, np.zeros(ws, np.float32), a["strides"], a["group"], out_sp) is taken
+    assert not conv_shifted.use_shifted(xs, np.float64, np.zeros(ws), a["strides"], a["group"], out_sp)
 
 
 @pytest.mark.parametrize("path", ["shifted", "direct"])
@@ -203,8 +202,8 @@ def test_real_exported_model_matches_onnxruntime(path, tmp_path, monkeypatch):
     name = onnx.load(str(path)).graph.input[0].name
     ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {name: x.numpy()})[0]
     rf, _ = bake(*import_onnx(path), BakeOptions.from_profile("exact"))
-    calls = _count_calls(monkeypatch, *((conv_shifted, "conv2d_shifted") if path == "shifted"
-                                        else (conv_direct, "direct2d")))
+    calls = (_count_calls(monkeypatch, conv_shifted, "conv2d_shifted") if path == "shifted"
+             else count_direct_calls(monkeypatch))
     if path == "shifted":
         monkeypatch.setattr(conv_direct, "MAX_INNER", 0)
     with threadpool_limits(1, "blas"):  # at 2 threads, with numba loaded, im2col's GEMM is taken instead
@@ -221,9 +220,9 @@ def test_at_two_threads_with_the_native_pool_the_shifted_path_gives_way_to_im2co
     x, w = np.zeros((1, 192, 40, 40), np.float32), np.zeros((64, 192, 3, 3), np.float32)
     assert threads._kernels() is not None
     with threadpool_limits(1, "blas"), threads.forward_threads():
-        assert conv_shifted.use_shifted(x, w, [1, 1], 1, [40, 40])
+        assert conv_shifted.use_shifted(x.shape, x.dtype, w, [1, 1], 1, [40, 40])
     with threadpool_limits(2, "blas"), threads.forward_threads():
-        assert not conv_shifted.use_shifted(x, w, [1, 1], 1, [40, 40])
+        assert not conv_shifted.use_shifted(x.shape, x.dtype, w, [1, 1], 1, [40, 40])
 
 
 # (x shape, kernel, conv attrs) of depthwise convs: strides 1-3, asymmetric pads, dilation, 1xk kernels, batch 2,
@@ -274,7 +273,7 @@ def _depthwise(xs, k, attrs):
 
 @pytest.fixture
 def depthwise_calls(monkeypatch):
-    return _count_calls(monkeypatch, conv_taps, "run_taps")  # taps2d and the bound kernel both run it
+    return count_taps_calls(monkeypatch)
 
 
 @pytest.mark.parametrize("xs,k,attrs", DEPTHWISE, ids=str)
@@ -318,8 +317,7 @@ def test_depthwise_two_threads_give_the_same_bits(depthwise_calls, split_small):
     ((8, 1, 3, 3), 8, np.float64, False),
 ])
 def test_which_convs_are_depthwise(ws, group, dtype, taken):
-    x = np.zeros((1, 8, 5, 5), dtype)
-    assert conv_taps.use_depthwise(x, np.zeros(ws, dtype), group) is taken
+    assert conv_taps.use_depthwise((1, 8, 5, 5), dtype, np.zeros(ws, dtype), group) is taken
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
@@ -360,7 +358,7 @@ DIRECT = CASES + [
 @pytest.fixture
 def direct_calls(monkeypatch):
     from rlx_format.numba_setup import numba  # noqa: F401 - the path is taken once numba is loaded
-    return _count_calls(monkeypatch, conv_direct, "direct2d")
+    return count_direct_calls(monkeypatch)
 
 
 @pytest.mark.parametrize("xs,ws,attrs", DIRECT + [
@@ -447,7 +445,7 @@ def test_direct_fused_equals_unfused(act, threads, direct_calls, split_small, mo
 def test_which_convs_take_the_direct_path(xs, ws, group, dtype, grouped_epilogue, taken):
     from rlx_runtime.conv_kernels import bias_activation
     ep = bias_activation(None, "Relu", 0.0, None, None, groups=2 if grouped_epilogue else 1)
-    assert conv_direct.use_direct(np.zeros(xs, dtype), np.zeros(ws, dtype), group, ep) is taken
+    assert conv_direct.use_direct(xs, dtype, np.zeros(ws, dtype), group, ep) is taken
 
 
 # -------------------------------------------------------------- pointwise convs by simd.skinny_f32 (conv_pointwise.py)
@@ -468,7 +466,32 @@ def pointwise_calls(monkeypatch):
     from rlx_format.numba_setup import numba  # noqa: F401 - the path is taken once numba is loaded
     from rlx_runtime import conv_pointwise
     monkeypatch.setattr(conv_pointwise, "MIN_PIXELS", 0)  # the small planes here would go to the BLAS
-    return _count_calls(monkeypatch, conv_pointwise, "pointwise")
+    return count_pointwise_calls(monkeypatch)
+
+
+def _count_path_calls(monkeypatch, module, per_call: str, prepare: str) -> list:
+    """_count_calls of a conv path: its per-call function, or its job prepared for a bound step (made at the step's
+    first call at each thread count, run then and at every later call)."""
+    calls = _count_calls(monkeypatch, module, per_call)
+    real = getattr(module, prepare)
+    monkeypatch.setattr(module, prepare, lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
+def count_pointwise_calls(monkeypatch) -> list:
+    """The skinny pointwise path's calls (_count_path_calls)."""
+    from rlx_runtime import conv_pointwise
+    return _count_path_calls(monkeypatch, conv_pointwise, "pointwise", "prepare_pointwise")
+
+
+def count_direct_calls(monkeypatch) -> list:
+    """The direct path's calls (_count_path_calls): direct2d runs run_direct."""
+    return _count_path_calls(monkeypatch, conv_direct, "run_direct", "PreparedDirect")
+
+
+def count_taps_calls(monkeypatch) -> list:
+    """The depthwise tap path's calls (_count_path_calls): taps2d runs run_taps."""
+    return _count_path_calls(monkeypatch, conv_taps, "run_taps", "prepare_taps")
 
 
 @pytest.mark.parametrize("xs,o", POINTWISE, ids=str)
@@ -533,7 +556,7 @@ def test_which_pointwise_convs_take_the_skinny_kernel(xs, o, dtype, grouped, tak
     from rlx_runtime.conv_kernels import bias_activation
     from rlx_runtime.conv_pointwise import use_pointwise
     ep = bias_activation(None, "Relu", 0.0, None, None, groups=2 if grouped else 1)
-    assert use_pointwise(np.zeros(xs, dtype), np.zeros((o, xs[1], 1, 1), dtype), ep) is taken
+    assert use_pointwise(xs, dtype, np.zeros((o, xs[1], 1, 1), dtype), ep) is taken
 
 
 @pytest.mark.parametrize("path,xs,ws,attrs", [

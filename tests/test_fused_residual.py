@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
-from test_conv_paths import _count_calls
+from test_conv_paths import _count_calls, count_direct_calls, count_pointwise_calls, count_taps_calls
 from test_fused_conv import _ops, _unfused
 
 from rlx_format import GraphBuilder
 from rlx_format.errors import GraphError
-from rlx_runtime import Session, conv_direct, conv_pointwise, conv_shifted, conv_taps, threads
+from rlx_runtime import Session, conv_direct, conv_pointwise, conv_shifted, threads
 from rlx_runtime.kernels import KERNELS, nn
 from rlx_runtime.kernels.registry import prepare_attrs
 
@@ -79,7 +79,7 @@ def _specials(shape, every: int = 23):
 
 
 def _direct(m):
-    return _count_calls(m, conv_direct, "direct2d")
+    return count_direct_calls(m)
 
 
 def _direct_in_pieces(m):
@@ -88,7 +88,7 @@ def _direct_in_pieces(m):
 
 
 def _depthwise(m):
-    return _count_calls(m, conv_taps, "run_taps")  # taps2d and the bound kernel both run it
+    return count_taps_calls(m)
 
 
 def _shifted(m):
@@ -107,7 +107,7 @@ def _im2col(m):
 
 def _skinny(m):
     m.setattr(conv_pointwise, "MIN_PIXELS", 0)  # a 14x15 plane would go to the BLAS
-    return _count_calls(m, conv_pointwise, "pointwise")
+    return count_pointwise_calls(m)
 
 
 def _blas_pointwise(m):
@@ -153,7 +153,7 @@ def test_residual_fused_equals_unfused(path, setup, xs, ws, attrs, act, act_attr
     first = ACTS.index((act, act_attrs)) % 2 == 1  # the residual as the Add's first operand for half of them
     g = _graph(xs, ws, attrs, act, act_attrs, residual_first=first)
     ref = _unfused(g, monkeypatch)
-    calls = setup(monkeypatch) if setup else _count_calls(monkeypatch, conv_pointwise, "pointwise")
+    calls = setup(monkeypatch) if setup else count_pointwise_calls(monkeypatch)
     fused = Session().compile(g)
     assert [(n.op, len(n.inputs)) for n in fused.graph.nodes] == [("FusedConv", 4)]
     assert _ops(ref) == sorted(["Conv", "Add"] + ([act] if act else []))

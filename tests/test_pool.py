@@ -285,7 +285,7 @@ def test_without_native_hand_offs_a_shifted_view_conv_runs_its_gemms_on_the_blas
     from rlx_runtime import conv_shifted
 
     x, w = _f(1, 64, 56, 56), _f(64, 64, 3, 3)
-    assert conv_shifted.use_shifted(x, w, (1, 1), 1, (56, 56))
+    assert conv_shifted.use_shifted(x.shape, x.dtype, w, (1, 1), 1, (56, 56))
     with threadpool_limits(1, "blas"), forward_threads():
         want = conv_shifted.conv2d_shifted(x, w, (1, 1), (1, 1, 1, 1), (56, 56))
     monkeypatch.setattr(threads, "_kernels", lambda: None)

@@ -17,6 +17,8 @@ FusedConv take this path alike, so a fused conv still gives the unfused ops' val
 from __future__ import annotations
 
 import functools
+import math
+import threading
 from itertools import pairwise
 
 import numpy as np
@@ -53,73 +55,145 @@ def _numba_side() -> tuple:
     return conv_kernels, simd, aligned
 
 
-def use_direct(x: np.ndarray, w: np.ndarray, group: int, epilogue) -> bool:
-    """A group-1 float32 2-D conv with a kernel larger than 1x1, `epilogue` None or a one-group
+def use_direct(shape: tuple, dtype, w: np.ndarray, group: int, epilogue) -> bool:
+    """A group-1 float32 2-D conv (inputs of `shape`) with a kernel larger than 1x1, `epilogue` None or a one-group
     conv_kernels.BiasActivation."""
-    return (x.ndim == 4 and x.dtype == np.float32 and w.dtype == np.float32 and group == 1
+    return (len(shape) == 4 and dtype == np.float32 and w.dtype == np.float32 and group == 1
             and w.shape[2] * w.shape[3] > 1 and w.shape[1] * w.shape[2] * w.shape[3] <= MAX_INNER
             and (epilogue is None or getattr(epilogue, "flags", (0,))[0] == 1))
+
+
+class DirectPlan:
+    """What direct2d derives from a conv's geometry and weights alone (the stride-phase layout, each (channel,
+    kernel offset) view's offset, the weight matrix, the piece height), for run_direct: built once per plan step
+    by a bound kernel (kernels/nn.py), per call by direct2d."""
+
+    __slots__ = ("shape", "out_shape", "wq", "hq", "stride", "offsets", "wk", "piece_rows", "fill")
+
+    def __init__(self, x_shape: tuple, w: np.ndarray, strides, dil, pads, out_sp):
+        from .conv_taps import phase_layout, phase_offsets
+        simd = _numba_side()[1]
+        n, c, h, wd = x_shape
+        o, kh, kw = w.shape[0], w.shape[2], w.shape[3]
+        (sh, sw), (dh, dw) = strides, dil
+        oh, ow = out_sp
+        self.shape, self.out_shape = tuple(x_shape), (n, o, oh, ow)
+        self.wq, self.hq, plane, self.stride = phase_layout(h, wd, pads, sh, sw, simd.LANES)
+        self.offsets = phase_offsets(c, kh, kw, sh, sw, dh, dw, plane, self.wq, self.stride)
+        self.wk = np.ascontiguousarray(w.reshape(o, -1))
+        row_bytes = 4 * c * sh * sw * self.wq  # a grid row's phase rows, every channel
+        self.piece_rows = max(1, min(oh, PIECE_COLUMNS // self.wq, PIECE_BYTES // row_bytes - (kh - 1) * dh // sh))
+        self.fill = (sh, sw, pads[0], pads[1], self.hq, self.wq)
+
+    def fill_threads(self) -> int:
+        """Threads the phase fill splits over (threads_for its share of the work)."""
+        return threads.threads_for(math.prod(self.shape) * FILL_COST)
+
+    def chunks(self) -> list[tuple[int, int, int, int]]:
+        """(first, last + 1 output channel, first, last + 1 output row) per chunk at the forward's thread count:
+        bands of output rows, each thread reading only its band's phases (by blocks of output channels each
+        thread streamed all of them: YOLO-like's 16->32 3x3/2 at 160x160 was slower at 2 threads than at 1),
+        unless the bands would be short."""
+        n, o, oh = self.out_shape[:3]
+        nthreads = threads.threads_for(n * o * self.wk.shape[1] * oh * self.wq)
+        if oh >= MIN_BAND_ROWS * nthreads:
+            return [(0, o, g0, g1) for g0, g1 in pairwise(threads.chunk_edges(oh, nthreads, MIN_BAND_ROWS))]
+        return [(r0, r1, 0, oh) for r0, r1 in pairwise(threads.block_edges(o, nthreads, _numba_side()[1].SKINNY_ROWS))]
 
 
 def direct2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp, epilogue=None) -> np.ndarray:
     """Conv without bias (n, c, h, w) * (o, c, kh, kw) -> fresh (n, o, oh, ow) float32, then `epilogue` (see
     use_direct) on each output block."""
-    from .conv_taps import phase_layout, phase_offsets
-    ck, simd, aligned = _numba_side()
+    return run_direct(DirectPlan(x.shape, w, strides, dil, pads, out_sp), x, epilogue)
+
+
+def run_direct(dp: DirectPlan, x: np.ndarray, epilogue=None) -> np.ndarray:
+    """direct2d of x (of dp's input shape) by dp's conv."""
+    ck, _, aligned = _numba_side()
     x = np.ascontiguousarray(x)
-    n, c, h, wd = x.shape
-    o, kh, kw = w.shape[0], w.shape[2], w.shape[3]
-    (sh, sw), (dh, dw) = strides, dil
-    oh, ow = out_sp
-    wq, hq, plane, stride = phase_layout(h, wd, pads, sh, sw, simd.LANES)
-    phases = np.zeros((n, c, stride), np.float32)
-    fill_threads = threads.threads_for(x.size * FILL_COST)
+    n, c = dp.shape[:2]
+    phases = np.zeros((n, c, dp.stride), np.float32)
+    fill_threads = dp.fill_threads()
     if fill_threads == 1:
-        ck.fill_phases(x, phases, sh, sw, pads[0], pads[1], hq, wq, 0, hq)
+        ck.fill_phases(x, phases, *dp.fill, 0, dp.hq)
     else:  # the phase planes' rows in bands, one per thread (a stem's 3 channels do not split evenly)
         with threads.Steps(fill_threads, True) as steps:
-            steps.keep += (x, phases)
-            for q0, q1 in pairwise(threads.chunk_edges(hq, fill_threads, 1)):
-                if steps.native:
-                    k, ints, floats, r = steps.tables()
-                    k.put_fill(ints, floats, r, x, phases, sh, sw, pads[0], pads[1], hq, wq, q0, q1)
-                    steps.added()
-                else:
-                    steps.added(functools.partial(ck.fill_phases, x, phases, sh, sw, pads[0], pads[1], hq, wq, q0, q1))
-                steps.end_chunk()
+            write_fill(steps, dp, x, phases, fill_threads)
             steps.run()
-    phases = phases.reshape(n, c * stride)
-    offsets = phase_offsets(c, kh, kw, sh, sw, dh, dw, plane, wq, stride)
-    wk = np.ascontiguousarray(w.reshape(o, -1))
-    y = aligned.empty((n, o, oh, ow), oh * ow)
-    row_bytes = 4 * c * sh * sw * wq  # a grid row's phase rows, every channel
-    piece_rows = max(1, min(oh, PIECE_COLUMNS // wq, PIECE_BYTES // row_bytes - (kh - 1) * dh // sh))
-    ep = threads.epilogue_fields(epilogue)
-    nthreads = threads.threads_for(n * o * wk.shape[1] * oh * wq)
-    # chunks: bands of output rows, each thread reading only its band's phases (by blocks of output channels each
-    # thread streamed all of them: YOLO-like's 16->32 3x3/2 at 160x160 was slower at 2 threads than at 1), unless
-    # the bands would be short
-    if oh >= MIN_BAND_ROWS * nthreads:
-        chunks = [(0, o, g0, g1) for g0, g1 in pairwise(threads.chunk_edges(oh, nthreads, MIN_BAND_ROWS))]
-    else:
-        chunks = [(r0, r1, 0, oh) for r0, r1 in pairwise(threads.block_edges(o, nthreads, simd.SKINNY_ROWS))]
+    phases = phases.reshape(n, c * dp.stride)
+    y = aligned.empty(dp.out_shape, dp.out_shape[2] * dp.out_shape[3])
+    chunks = dp.chunks()
     if len(chunks) == 1:  # one chunk: the calls themselves
+        ep = threads.epilogue_fields(epilogue)
         for b in range(n):
-            ck.direct_rows(phases, wk, offsets, y, b, 0, o, 0, oh, wq, piece_rows, *ep)
+            ck.direct_rows(phases, dp.wk, dp.offsets, y, b, 0, dp.out_shape[1], 0, dp.out_shape[2], dp.wq,
+                           dp.piece_rows, *ep)
         return y
-    bias, has_bias, act, alpha, beta, has_lo, lo, has_hi, hi, res, has_res = ep
     with threads.Steps(n * len(chunks), True) as steps:
-        steps.keep += (phases, wk, offsets, y, ep)  # the rows hold only their addresses
-        for r0, r1, g0, g1 in chunks:
-            for b in range(n):
-                if steps.native:
-                    k, ints, floats, r = steps.tables()
-                    k.put_direct(ints, floats, r, phases, wk, offsets, y, b, r0, r1, g0, g1, wq, piece_rows, bias,
-                                 has_bias, act, has_lo, has_hi, alpha, beta, lo, hi, res, has_res)
-                    steps.added()
-                else:
-                    steps.added(functools.partial(ck.direct_rows, phases, wk, offsets, y, b, r0, r1, g0, g1, wq,
-                                                  piece_rows, *ep))
-            steps.end_chunk()
+        write_direct(steps, dp, phases, y, epilogue, chunks)
         steps.run()
     return y
+
+
+def write_fill(steps: threads.Steps, dp: DirectPlan, x: np.ndarray, phases: np.ndarray, fill_threads: int) -> None:
+    """The phase fill of x into phases (n, c, stride) as steps of `steps`: a band of phase rows per chunk."""
+    ck = _numba_side()[0]
+    steps.keep += (x, phases)
+    for q0, q1 in pairwise(threads.chunk_edges(dp.hq, fill_threads, 1)):
+        if steps.native:
+            k, ints, floats, r = steps.tables()
+            k.put_fill(ints, floats, r, x, phases, *dp.fill, q0, q1)
+            steps.added()
+        else:
+            steps.added(functools.partial(ck.fill_phases, x, phases, *dp.fill, q0, q1))
+        steps.end_chunk()
+
+
+def write_direct(steps: threads.Steps, dp: DirectPlan, phases: np.ndarray, y: np.ndarray, epilogue,
+                 chunks: list[tuple[int, int, int, int]]) -> None:
+    """The direct rows of every image as steps of `steps`, a chunk per DirectPlan.chunks entry."""
+    ck = _numba_side()[0]
+    ep = threads.epilogue_fields(epilogue)
+    bias, has_bias, act, alpha, beta, has_lo, lo, has_hi, hi, res, has_res = ep
+    steps.keep += (phases, dp.wk, dp.offsets, y, ep)  # the rows hold only their addresses
+    for r0, r1, g0, g1 in chunks:
+        for b in range(dp.shape[0]):
+            if steps.native:
+                k, ints, floats, r = steps.tables()
+                k.put_direct(ints, floats, r, phases, dp.wk, dp.offsets, y, b, r0, r1, g0, g1, dp.wq, dp.piece_rows,
+                             bias, has_bias, act, has_lo, has_hi, alpha, beta, lo, hi, res, has_res)
+                steps.added()
+            else:
+                steps.added(functools.partial(ck.direct_rows, phases, dp.wk, dp.offsets, y, b, r0, r1, g0, g1, dp.wq,
+                                              dp.piece_rows, *ep))
+        steps.end_chunk()
+
+
+class PreparedDirect:
+    """run_direct of a DirectPlan's conv as two threads.Prepared jobs (the phase fill, then the direct rows) that
+    share a phase scratch of their own (its padding stays zero: every call writes the same elements); run with
+    (x, y) or, with a residual, (x, y, residual) like a Prepared job."""
+
+    def __init__(self, dp: DirectPlan, epilogue, residual: bool):
+        n, c = dp.shape[:2]
+        self.phases = np.zeros((n, c, dp.stride), np.float32)
+        flat = self.phases.reshape(n, c * dp.stride)
+        fill_threads = dp.fill_threads()
+        chunks = dp.chunks()
+        self.fill = threads.Prepared(fill_threads, lambda steps, a: write_fill(steps, dp, a[0], self.phases,
+                                                                               fill_threads), (dp.shape,))
+
+        def direct(steps, arrays):
+            ep = epilogue.with_residual(arrays[1]) if residual else epilogue
+            write_direct(steps, dp, flat, arrays[0], ep, chunks)
+
+        self.direct = threads.Prepared(n * len(chunks), direct, (dp.out_shape,) * (1 + residual))
+        self._using = threading.Lock()
+
+    def run(self, x: np.ndarray, *out: np.ndarray) -> bool:
+        if not self._using.acquire(blocking=False):
+            return False
+        try:
+            return self.fill.run(x) and self.direct.run(*out)
+        finally:
+            self._using.release()

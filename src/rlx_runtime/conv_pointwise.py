@@ -43,12 +43,12 @@ def _numba_side() -> tuple:
     return pool_kernels, simd, aligned
 
 
-def use_pointwise(x: np.ndarray, w: np.ndarray, epilogue) -> bool:
-    """For a pointwise 2-D conv (the caller checked its attrs) of float32 x (n, c, h, w) and w (o, c, 1, 1), with
-    `epilogue` None or a one-group conv_kernels.BiasActivation: at most MAX_CHANNELS input channels, more than
-    MIN_OUTPUTS outputs per image, at least MIN_PIXELS pixels."""
-    return (x.dtype == np.float32 and w.dtype == np.float32 and x.shape[1] <= MAX_CHANNELS
-            and w.shape[0] * x.shape[2] * x.shape[3] > MIN_OUTPUTS and x.shape[2] * x.shape[3] >= MIN_PIXELS
+def use_pointwise(shape: tuple, dtype, w: np.ndarray, epilogue) -> bool:
+    """For a pointwise 2-D conv (the caller checked its attrs) of float32 inputs of `shape` (n, c, h, w) and w
+    (o, c, 1, 1), with `epilogue` None or a one-group conv_kernels.BiasActivation: at most MAX_CHANNELS input
+    channels, more than MIN_OUTPUTS outputs per image, at least MIN_PIXELS pixels."""
+    return (dtype == np.float32 and w.dtype == np.float32 and shape[1] <= MAX_CHANNELS
+            and w.shape[0] * shape[2] * shape[3] > MIN_OUTPUTS and shape[2] * shape[3] >= MIN_PIXELS
             and (epilogue is None or getattr(epilogue, "flags", (0,))[0] == 1))
 
 
@@ -69,16 +69,42 @@ def pointwise(w: np.ndarray, x: np.ndarray, epilogue=None) -> np.ndarray:
             skinny_rows(y[b].reshape(-1), w.reshape(-1), x[b].reshape(-1), o, c, p, 0, p, 0, o,
                         *threads.epilogue_fields(epilogue, b, o * p))
         return y
+    with threads.Steps(n * nthreads, True) as steps:
+        write_pointwise(steps, w, x, y, epilogue, nthreads)
+        steps.run()
+    return y
+
+
+def write_pointwise(steps: threads.Steps, w: np.ndarray, x: np.ndarray, y: np.ndarray, epilogue, nthreads: int) -> None:
+    """pointwise's job over `nthreads` threads as steps and chunks of `steps`: by pixels (whole 32-pixel vectors)
+    when there are enough of them, else by output channels (whole blocks of SKINNY_ROWS)."""
+    simd = _numba_side()[1]
+    n, c, p = x.shape
+    o = w.shape[0]
     by_columns = p >= 2 * simd.LANES * nthreads
     edges = (threads.block_edges(p, nthreads, simd.LANES) if by_columns
              else threads.block_edges(o, nthreads, simd.SKINNY_ROWS))
-    with threads.Steps(n * (len(edges) - 1), True) as steps:
-        for e0, e1 in zip(edges, edges[1:]):
-            for b in range(n):
-                if by_columns:
-                    threads.skinny_step(steps, w, x[b], y[b], e0, e1, 0, o, epilogue, b)
-                else:
-                    threads.skinny_step(steps, w, x[b], y[b], 0, p, e0, e1, epilogue, b)
-            steps.end_chunk()
-        steps.run()
-    return y
+    for e0, e1 in zip(edges, edges[1:]):
+        for b in range(n):
+            if by_columns:
+                threads.skinny_step(steps, w, x[b], y[b], e0, e1, 0, o, epilogue, b)
+            else:
+                threads.skinny_step(steps, w, x[b], y[b], 0, p, e0, e1, epilogue, b)
+        steps.end_chunk()
+
+
+def prepare_pointwise(w: np.ndarray, shape: tuple, epilogue, residual: bool) -> threads.Prepared:
+    """pointwise of w (o, c) for float32 inputs of `shape` (n, c, p) as a threads.Prepared job run with (x, y) or,
+    with `residual`, (x, y, residual): split over the forward's threads as pointwise splits, `epilogue` (its
+    residual this call's) on each block."""
+    w = np.ascontiguousarray(w)  # the rows hold its address
+    n, c, p = shape
+    o = w.shape[0]
+    nthreads = threads.threads_for(n * o * c * p)
+
+    def write(steps, arrays):
+        ep = epilogue.with_residual(arrays[2]) if residual else epilogue
+        write_pointwise(steps, w, arrays[0], arrays[1], ep, nthreads)
+
+    shapes = (shape, (n, o, p)) + (((n, o, p),) if residual else ())
+    return threads.Prepared(n * nthreads, write, shapes)

@@ -35,15 +35,16 @@ MIN_OUT_WIDTH = 28
 WITH_NATIVE_POOL = False
 
 
-def use_shifted(x: np.ndarray, w: np.ndarray, strides, group: int, out_sp) -> bool:
-    if x.ndim != 4 or x.dtype != np.float32 or w.dtype != np.float32 or group != 1:
+def use_shifted(shape: tuple, dtype, w: np.ndarray, strides, group: int, out_sp) -> bool:
+    """A stride-1 group-1 float32 2-D conv (inputs of `shape`) whose im2col columns would be large (see above)."""
+    if len(shape) != 4 or dtype != np.float32 or w.dtype != np.float32 or group != 1:
         return False
     if any(s != 1 for s in strides) or w.shape[2] * w.shape[3] == 1 or out_sp[1] < MIN_OUT_WIDTH:
         return False
     nthreads = threads.threads_in_use()
     if nthreads > 1 and not threads.blas_threads_instead(nthreads) and not WITH_NATIVE_POOL:
         return False
-    columns = x.shape[0] * x.shape[1] * w.shape[2] * w.shape[3] * math.prod(out_sp) * 4
+    columns = shape[0] * shape[1] * w.shape[2] * w.shape[3] * math.prod(out_sp) * 4
     return columns >= MIN_COLUMN_BYTES and threads.float_gemm(np.float32) is not None
 
 

@@ -22,9 +22,10 @@ from . import threads
 TAP_COST = 8
 
 
-def use_depthwise(x: np.ndarray, w: np.ndarray, group: int) -> bool:
-    return (x.ndim == 4 and x.dtype == np.float32 and w.dtype == np.float32 and group > 1
-            and group == x.shape[1] == w.shape[0] and w.shape[1] == 1)
+def use_depthwise(shape: tuple, dtype, w: np.ndarray, group: int) -> bool:
+    """A float32 2-D depthwise conv (inputs of `shape`): one input channel per group and output channel."""
+    return (len(shape) == 4 and dtype == np.float32 and w.dtype == np.float32 and group > 1
+            and group == shape[1] == w.shape[0] and w.shape[1] == 1)
 
 
 @functools.cache
@@ -103,22 +104,43 @@ def run_taps(tp: TapPlan, x: np.ndarray, epilogue=None) -> np.ndarray:
         for b in range(n):
             ck.tap_planes(x, phases, tp.taps, tp.offsets, y, b, 0, c, grid, tp.wq, *tp.fill, *ep)
         return y
-    bias, has_bias, act, alpha, beta, has_lo, lo, has_hi, hi, res, has_res = ep
-    with threads.Steps(n * len(edges), True) as steps:
-        steps.keep += (x, tp.taps, tp.offsets, y, ep)  # the rows hold only their addresses
-        for c0, c1 in zip(edges, edges[1:]):
-            # the chunk's scratch: its grid and its channel's phases
-            grid, phases = np.empty(tp.size, np.float32), np.zeros(tp.stride, np.float32)
-            steps.keep += (grid, phases)
-            for b in range(n):
-                if steps.native:
-                    k, ints, floats, r = steps.tables()
-                    k.put_taps(ints, floats, r, x, phases, tp.taps, tp.offsets, y, b, c0, c1, grid, tp.wq, *tp.fill,
-                               bias, has_bias, act, has_lo, has_hi, alpha, beta, lo, hi, res, has_res)
-                    steps.added()
-                else:
-                    steps.added(partial(ck.tap_planes, x, phases, tp.taps, tp.offsets, y, b, c0, c1, grid, tp.wq,
-                                        *tp.fill, *ep))
-            steps.end_chunk()
+    with threads.Steps(n * (len(edges) - 1), True) as steps:
+        write_taps(steps, tp, x, y, epilogue, edges)
         steps.run()
     return y
+
+
+def write_taps(steps: threads.Steps, tp: TapPlan, x: np.ndarray, y: np.ndarray, epilogue, edges: list[int]) -> None:
+    """run_taps' job as steps and chunks of `steps`: a chunk per run of channels edges[i]..edges[i + 1], each
+    with its own scratch (its grid and its channel's phases), every image's planes of those channels."""
+    ck = _numba_side()[0]
+    n = x.shape[0]
+    ep = threads.epilogue_fields(epilogue)
+    bias, has_bias, act, alpha, beta, has_lo, lo, has_hi, hi, res, has_res = ep
+    steps.keep += (x, tp.taps, tp.offsets, y, ep)  # the rows hold only their addresses
+    for c0, c1 in zip(edges, edges[1:]):
+        grid, phases = np.empty(tp.size, np.float32), np.zeros(tp.stride, np.float32)
+        steps.keep += (grid, phases)
+        for b in range(n):
+            if steps.native:
+                k, ints, floats, r = steps.tables()
+                k.put_taps(ints, floats, r, x, phases, tp.taps, tp.offsets, y, b, c0, c1, grid, tp.wq, *tp.fill,
+                           bias, has_bias, act, has_lo, has_hi, alpha, beta, lo, hi, res, has_res)
+                steps.added()
+            else:
+                steps.added(partial(ck.tap_planes, x, phases, tp.taps, tp.offsets, y, b, c0, c1, grid, tp.wq,
+                                    *tp.fill, *ep))
+        steps.end_chunk()
+
+
+def prepare_taps(tp: TapPlan, epilogue, residual: bool) -> threads.Prepared:
+    """run_taps of tp's conv as a threads.Prepared job run with (x, y) or, with `residual`, (x, y, residual):
+    split by channels as run_taps splits, `epilogue` (its residual this call's) on each run of channels."""
+    n, c = tp.shape[:2]
+    edges = threads.chunk_edges(c, threads.threads_for(n * tp.work), min_chunk=8)
+
+    def write(steps, arrays):
+        ep = epilogue.with_residual(arrays[2]) if residual else epilogue
+        write_taps(steps, tp, arrays[0], arrays[1], ep, edges)
+
+    return threads.Prepared(n * (len(edges) - 1), write, (tp.shape, tp.out_shape) + ((tp.out_shape,) * residual))

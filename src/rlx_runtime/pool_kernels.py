@@ -217,6 +217,25 @@ def run_rows(ti, tf, r0, r1):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
+def relocate(ti, tf, pti, ptf, relocs, a0, a1, a2):  # pragma: no cover - compiled
+    """A prepared job's rows (pti, ptf) copied to the first rows of ti, tf, each relocation (row, column, array,
+    offset) there set to that array's address (a0, a1 or a2: this call's) plus the offset (threads.Prepared)."""
+    rows = pti.shape[0]
+    ti[:rows] = pti
+    tf[:rows] = ptf
+    bases = (a0.ctypes.data, a1.ctypes.data, a2.ctypes.data)
+    for i in range(relocs.shape[0]):
+        ti[relocs[i, 0], relocs[i, 1]] = bases[relocs[i, 2]] + relocs[i, 3]
+
+
+@numba.njit(cache=True, nogil=True)
+def run_relocated(ti, tf, pti, ptf, relocs, a0, a1, a2):  # pragma: no cover - compiled
+    """relocate, then every row in order on the calling thread."""
+    relocate(ti, tf, pti, ptf, relocs, a0, a1, a2)
+    run_rows(ti, tf, 0, pti.shape[0])
+
+
+@numba.njit(cache=True, nogil=True)
 def _take_chunks(ctrl, ti, tf, starts):  # pragma: no cover - compiled
     """Run chunks of the posted job until none is left; how many ran here. (A worker still here when the caller
     posts the next job may go on with that one's chunks: each is taken by a swap of the whole word.)"""

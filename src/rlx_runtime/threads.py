@@ -195,7 +195,9 @@ def threads_in_use() -> int:
 
 
 def threads_for(work: int) -> int:
-    """Threads worth splitting `work` multiply-adds over: 1 below _MIN_SPLIT_WORK (waking a worker costs more)."""
+    """Threads worth splitting `work` multiply-adds over: 1 below _MIN_SPLIT_WORK (waking a worker costs more).
+    The same for a Prepared job, whose hand-off costs less: splitting from 2^17 - 2^20 instead measured level
+    (whole forwards at 2 threads, MobileNetV3-small, EfficientNet-B0, YOLO-like: 0.995-1.003x)."""
     return threads_in_use() if work >= _MIN_SPLIT_WORK else 1
 
 
@@ -366,10 +368,16 @@ class Steps:
     numpy's .ctypes.data alone took 1.9 us per array) and the workers run the job without the GIL. Otherwise
     each step is kept as a Python call and the job runs through run_chunks."""
 
-    def __init__(self, rows: int, native: bool = True):
-        self._k = _kernels() if native and rows <= _ROW_CAPACITY and threads_in_use() > 1 else None
+    def __init__(self, rows: int, native: bool = True, capture: bool = False):
+        """capture: the rows go to tables of this object's own (for Prepared), and the job is never run."""
+        self._own = None
         self._pool = None
-        if self._k is not None and _busy.acquire(blocking=False):
+        if capture:
+            self._k = _kernels()
+            self._own = (np.zeros((rows, INT_COLUMNS), np.int64), np.zeros((rows, FLOAT_COLUMNS), np.float64))
+        else:
+            self._k = _kernels() if native and rows <= _ROW_CAPACITY and threads_in_use() > 1 else None
+        if self._k is not None and self._own is None and _busy.acquire(blocking=False):
             self._pool = _pool_of(threads_in_use() - 1)
         self.rows = 0
         self.starts = [0]
@@ -386,11 +394,12 @@ class Steps:
 
     @property
     def native(self) -> bool:
-        return self._pool is not None
+        return self._pool is not None or self._own is not None
 
     def tables(self) -> tuple:
         """(pool_kernels, ints, floats, row) to write the next native step with; then call added()."""
-        return self._k, self._pool.ints, self._pool.floats, self.rows
+        ints, floats = self._own if self._own is not None else (self._pool.ints, self._pool.floats)
+        return self._k, ints, floats, self.rows
 
     def added(self, run: Callable[[], None] | None = None) -> None:
         """A step was written (native) or is `run` (Python)."""
@@ -451,6 +460,69 @@ class Steps:
                 runs[r]()
 
         run_chunks(count, chunk)
+
+
+class Prepared:
+    """A native job written once for arrays of given shapes (a bound conv's: its input, output and residual), then
+    run on other arrays of those shapes: each call copies the rows to the pool's tables with this call's addresses
+    in place of the templates' (one compiled call; writing the rows anew took a Python call per step, ~1.5 us each
+    hot and several times that inside a forward, so that splitting a 20-40 us conv over two threads did not pay).
+    The same rows run the same kernels on the same blocks as the job written per call (the same bits)."""
+
+    def __init__(self, rows: int, write: Callable[[Steps, tuple], None], shapes: tuple[tuple[int, ...], ...]):
+        """write(steps, arrays) writes the job (its steps and chunks) for float32 arrays of `shapes` (at most
+        three: the ones that change from call to call); it runs on `threads_in_use()` threads, as now."""
+        self.threads = threads_in_use()
+        # each template a little apart from any other, so that every address inside one, or just past its end,
+        # belongs to that one alone
+        templates = tuple(np.empty(math.prod(s) + 16, np.float32)[:math.prod(s)].reshape(s) for s in shapes)
+        with Steps(rows, capture=True) as steps:
+            write(steps, templates)
+        ints, floats = steps._own
+        self.ti, self.tf = ints[:steps.rows].copy(), floats[:steps.rows].copy()
+        self.work = (self.ti.copy(), self.tf.copy())  # the tables a run on this thread alone relocates into
+        self.starts = np.asarray(steps.starts, np.int64)
+        self.count = len(steps.starts) - 1
+        self.pooled = 1 < self.count <= _CHUNK_CAPACITY and len(self.ti) <= _ROW_CAPACITY  # else run here alone
+        relocs = []
+        for slot, t in enumerate(templates):
+            lo = t.__array_interface__["data"][0]
+            rows_at, cols_at = np.nonzero((self.ti >= lo) & (self.ti <= lo + t.nbytes))
+            relocs += [(r, c, slot, self.ti[r, c] - lo) for r, c in zip(rows_at, cols_at) if c > 0]
+        self.relocs = np.array(relocs, np.int64).reshape(-1, 4)
+        self.keep = [a for a in _arrays(steps.keep) if not any(np.shares_memory(a, t) for t in templates)]
+        self._k = steps._k
+        self._using = threading.Lock()
+
+    def run(self, *arrays: np.ndarray) -> bool:
+        """Run on this call's arrays (C-contiguous float32 of the templates' shapes, in order): split over the
+        pool when the job has chunks for it and the pool is free, else every row here. False (nothing run) while
+        another thread runs this job (its scratch is its own) or with another thread count than it was written for."""
+        if threads_in_use() != self.threads or not self._using.acquire(blocking=False):
+            return False
+        try:
+            a = arrays + (arrays[0],) * (3 - len(arrays))  # the unused slots: any array (no relocation uses them)
+            if self.pooled and _busy.acquire(blocking=False):
+                try:
+                    pool = _pool_of(self.threads - 1)
+                    self._k.relocate(pool.ints, pool.floats, self.ti, self.tf, self.relocs, *a)
+                    pool.run_native(self._k, self.count, self.starts)
+                finally:
+                    _busy.release()
+            else:
+                self._k.run_relocated(*self.work, self.ti, self.tf, self.relocs, *a)
+            return True
+        finally:
+            self._using.release()
+
+
+def _arrays(items) -> Iterator[np.ndarray]:
+    """The arrays in `items`, tuples and lists opened up."""
+    for it in items:
+        if isinstance(it, np.ndarray):
+            yield it
+        elif isinstance(it, (tuple, list)):
+            yield from _arrays(it)
 
 
 _addresses: dict[int, int] = {}

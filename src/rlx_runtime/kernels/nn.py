@@ -219,42 +219,89 @@ def _conv(xp, a, x, w, b=None):
 
 
 def _conv_nobias_cpu(a, x, w, epilogue=None):
-    """conv_nobias on the CPU, with faster paths: pointwise convs straight to the GEMM; depthwise convs by a numba
-    kernel (conv_taps.py); stride-1 convs with large im2col columns as shifted-view
-    GEMMs. Both Conv and FusedConv come here, so they take the same path and give the same values."""
-    nsp = x.ndim - 2
-    strides, dil, pads = _spatial(a, nsp)
-    if nsp == 2:
-        if _pointwise_2d(a, x, w):
-            # pointwise: the input is the column matrix (conv_nobias' 1x1 case, without its shape bookkeeping:
-            # a squeeze-excite block's 1x1-pixel convs are mostly overhead)
-            n, c, h, wd = x.shape
-            if _pixel_conv_applies(x, w, epilogue):
-                return _pixel_conv(a, x, w, epilogue)
-            if _numba_loaded() and conv_pointwise.use_pointwise(x, w, epilogue):
-                y = conv_pointwise.pointwise(w.reshape(w.shape[0], c), x.reshape(n, c, h * wd), epilogue)
-            else:
-                y = threads.matmul(w.reshape(w.shape[0], c),
-                                   x.reshape(c, h * wd) if n == 1 else x.reshape(n, c, h * wd), epilogue)
-            return y.reshape(n, w.shape[0], h, wd)
-        out_sp = [window_count(x.shape[2 + i], w.shape[2 + i], strides[i], dil[i], pads[i], pads[i + nsp])
-                  for i in range(nsp)]
-        if conv_taps.use_depthwise(x, w, a["group"]):
-            return conv_taps.taps2d(x, w, strides, dil, pads, out_sp, epilogue)
-        if _numba_loaded() and conv_direct.use_direct(x, w, a["group"], epilogue):
-            return conv_direct.direct2d(x, w, strides, dil, pads, out_sp, epilogue)
-        if conv_shifted.use_shifted(x, w, strides, a["group"], out_sp):
-            return conv_shifted.conv2d_shifted(x, w, dil, pads, out_sp, epilogue)
-        if x.dtype == np.float32 and _numba_loaded():
+    """conv_nobias on the CPU, by the path _conv_path chooses. Both Conv and FusedConv come here (and their bound
+    kernels go the same way), so they take the same path and give the same values."""
+    return _conv_path(a, x.shape, x.dtype, w, epilogue)(x, epilogue)
+
+
+def _conv_path(a, shape: tuple, dtype, w: np.ndarray, epilogue, bound: bool = False):
+    """The CPU path of a conv of inputs of `shape` and `dtype` with weights w and `epilogue` (the choice reads its
+    kind and whether it has a residual): fn(x, epilogue) -> y without the bias unless the epilogue adds it.
+    Pointwise 2-D convs: the input is the column matrix (a squeeze-excite block's 1x1-pixel ones one pixel_conv);
+    depthwise convs by a numba kernel (conv_taps.py); dense 2-D convs direct (conv_direct.py) or, stride 1 with
+    large im2col columns, as shifted-view GEMMs; else im2col and a GEMM. bound: for a bound kernel, with what does
+    not depend on x's values derived now (the pointwise job's rows written once: threads.Prepared); None for the
+    GEMM paths of dense convs (they run long enough that per-call set-up costs little, and whether the shifted
+    path pays depends on the thread count)."""
+    if len(shape) == 4:
+        n, c, h, wd = shape
+        o = w.shape[0]
+        if _pointwise_2d(a, shape, w):
+            if _pixel_conv_applies(shape, dtype, w, epilogue):
+                return lambda x, ep: _pixel_conv(a, x, w, ep)
+            w2, out = w.reshape(o, c), (n, o, h, wd)
+            if _numba_loaded() and conv_pointwise.use_pointwise(shape, dtype, w, epilogue):
+                def pointwise(x, ep):
+                    return conv_pointwise.pointwise(w2, x.reshape(n, c, h * wd), ep).reshape(out)
+                if bound:
+                    return _prepared(lambda res: conv_pointwise.prepare_pointwise(w2, (n, c, h * wd), epilogue, res),
+                                     out, epilogue, pointwise)
+                return pointwise
+            return lambda x, ep: threads.matmul(w2, x.reshape(c, h * wd) if n == 1 else x.reshape(n, c, h * wd),
+                                                ep).reshape(out)
+        strides, dil, pads = _spatial(a, 2)
+        out_sp = [window_count(shape[2 + i], w.shape[2 + i], strides[i], dil[i], pads[i], pads[i + 2])
+                  for i in range(2)]
+        if conv_taps.use_depthwise(shape, dtype, w, a["group"]):
+            tp = conv_taps.TapPlan(shape, w, strides, dil, pads, out_sp)
+            if bound:
+                return _prepared(lambda res: conv_taps.prepare_taps(tp, epilogue, res), tp.out_shape, epilogue,
+                                 lambda x, ep: conv_taps.run_taps(tp, x, ep))
+            return lambda x, ep: conv_taps.run_taps(tp, x, ep)
+        if _numba_loaded() and conv_direct.use_direct(shape, dtype, w, a["group"], epilogue):
+            dp = conv_direct.DirectPlan(shape, w, strides, dil, pads, out_sp)
+            if bound:
+                return _prepared(lambda res: conv_direct.PreparedDirect(dp, epilogue, res), dp.out_shape, epilogue,
+                                 lambda x, ep: conv_direct.run_direct(dp, x, ep))
+            return lambda x, ep: conv_direct.run_direct(dp, x, ep)
+        if bound:
+            return None
+        if conv_shifted.use_shifted(shape, dtype, w, strides, a["group"], out_sp):
+            return lambda x, ep: conv_shifted.conv2d_shifted(x, w, dil, pads, out_sp, ep)
+        if dtype == np.float32 and _numba_loaded():
             # the same columns either way; numba's copy only once numba is loaded anyway (a Relu CNN's first
             # forward does not pay its start-up for this)
-            return conv_nobias(np, a, x, w, epilogue, _im2col_numba)
-    return conv_nobias(np, a, x, w, epilogue)
+            return lambda x, ep: conv_nobias(np, a, x, w, ep, _im2col_numba)
+    return None if bound else lambda x, ep: conv_nobias(np, a, x, w, ep)
 
 
-def _pointwise_2d(a, x, w) -> bool:
-    """A 1x1, stride-1, unpadded, group-1 2-D conv: its input is the column matrix."""
-    return (x.ndim == 4 and w.shape[2] == w.shape[3] == 1 and a["group"] == 1 and not any(a.get("pads") or ())
+def _prepared(prepare, out: tuple, epilogue, per_call):
+    """A bound kernel's path run as a threads.Prepared job: prepare(residual) makes it for the residual-ness of
+    `epilogue` and the forward's thread count (one per count met); each call runs it with the call's input, a
+    fresh output of shape `out` (n, o, oh, ow) and the call's residual, or per_call(x, ep) (the path's per-call
+    form) while another thread runs the job."""
+    has_res = epilogue is not None and bool(epilogue.args[-1])
+    jobs: dict[int, threads.Prepared] = {}
+    aligned = conv_pointwise._numba_side()[2]
+    size = math.prod(out)
+
+    def run(x, ep):
+        job = jobs.get(threads.threads_in_use())
+        if job is None:
+            job = jobs[threads.threads_in_use()] = prepare(has_res)
+        x = np.ascontiguousarray(x)
+        y = aligned.empty(out, out[2] * out[3])
+        if has_res:
+            ran = ep.args[-2].size == size and job.run(x, y, ep.args[-2])
+        else:
+            ran = job.run(x, y)
+        return y if ran else per_call(x, ep)
+    return run
+
+
+def _pointwise_2d(a, shape: tuple, w) -> bool:
+    """A 1x1, stride-1, unpadded, group-1 2-D conv (inputs of `shape`): its input is the column matrix."""
+    return (len(shape) == 4 and w.shape[2] == w.shape[3] == 1 and a["group"] == 1 and not any(a.get("pads") or ())
             and all(s == 1 for s in a.get("strides") or ()))
 
 
@@ -289,7 +336,8 @@ def _im2col_numba(xp, x, k, strides, dil, pads, out_sp):
 
 @kernel("Conv", backend="cpu")
 def _conv_cpu(xp, a, x, w, b=None):
-    if b is not None and x.dtype == np.float32 and x.ndim == 4 and _numba_loaded() and not _tiny_pointwise(a, x, w):
+    if (b is not None and x.dtype == np.float32 and x.ndim == 4 and _numba_loaded()
+            and not _tiny_pointwise(a, x.shape, w)):
         # the bias added by the conv kernels' epilogue, on blocks still in cache: the same add as `y += b`, which
         # read the whole output back (a 256x56x56 output: ~0.17 ns an element)
         return _conv_nobias_cpu(a, x, w, _epilogue(a, b, "Identity"))
@@ -328,7 +376,7 @@ def _tiny_fused_conv(a, x, w, b):
     1x1-pixel convs): one pixel_conv call once numba is loaded (_pixel_conv_applies), else the calls the unfused
     kernels make (the whole-GEMM np.matmul threads.matmul makes for so small a product, Conv's bias add, the
     activation's kernels) without the dispatch between them (MobileNetV3's: ~20 -> ~9 us each); the same values."""
-    if _pixel_conv_applies(x, w, None):
+    if _pixel_conv_applies(x.shape, x.dtype, w, None):
         return _pixel_conv(a, x, w, _epilogue(a, b, a["activation"]))
     o, c = w.shape[:2]
     y = np.matmul(w.reshape(o, c), x.reshape(c, -1))
@@ -348,10 +396,10 @@ TINY_OUTPUT = 4096
 PIXEL_MAX_WORK = 1 << 18
 
 
-def _pixel_conv_applies(x, w, epilogue) -> bool:
-    """A pointwise (_pointwise_2d) float32 conv of one image's single pixel, at most PIXEL_MAX_WORK multiply-adds,
-    no residual in `epilogue`, numba loaded: conv_kernels.pixel_conv."""
-    return (x.dtype == w.dtype == np.float32 and x.shape[0] * x.shape[2] * x.shape[3] == 1
+def _pixel_conv_applies(shape: tuple, dtype, w, epilogue) -> bool:
+    """A pointwise (_pointwise_2d) float32 conv of one image's single pixel (inputs of `shape`), at most
+    PIXEL_MAX_WORK multiply-adds, no residual in `epilogue`, numba loaded: conv_kernels.pixel_conv."""
+    return (dtype == w.dtype == np.float32 and shape[0] * shape[2] * shape[3] == 1
             and w.shape[0] * w.shape[1] <= PIXEL_MAX_WORK and _numba_loaded()
             and (epilogue is None or not epilogue.args[-1]))
 
@@ -369,9 +417,9 @@ def _pixel_conv(a, x, w, epilogue):
     return out
 
 
-def _tiny_pointwise(a, x, w) -> bool:
-    """A pointwise 2-D conv (_pointwise_2d) with at most TINY_OUTPUT outputs."""
-    return _pointwise_2d(a, x, w) and x.shape[0] * w.shape[0] * x.shape[2] * x.shape[3] <= TINY_OUTPUT
+def _tiny_pointwise(a, shape: tuple, w) -> bool:
+    """A pointwise 2-D conv (_pointwise_2d) of inputs of `shape` with at most TINY_OUTPUT outputs."""
+    return _pointwise_2d(a, shape, w) and shape[0] * w.shape[0] * shape[2] * shape[3] <= TINY_OUTPUT
 
 
 @kernel("FusedConv", backend="cpu")
@@ -385,7 +433,7 @@ def _fused_conv_cpu(xp, a, x, w, b=None, residual=None):
             x.dtype == np.float32 and _numba_loaded()):
         y = _conv_cpu(xp, a, x, w, b)
         return relu(y, out=y)
-    tiny = _tiny_pointwise(a, x, w)
+    tiny = _tiny_pointwise(a, x.shape, w)
     if x.dtype == np.float32 and residual is None and x.shape[0] == 1 and tiny:
         return _tiny_fused_conv(a, x, w, b)
     if (x.dtype != np.float32 or tiny
@@ -418,46 +466,21 @@ def _bind_conv(a, x, w, b=None, residual=None):
             return run(x, residual[0] if residual else None)
         return step
 
-    tiny = _tiny_pointwise(a, x, w)
+    tiny = _tiny_pointwise(a, shape, w)
     if tiny:  # as _fused_conv_cpu runs it
         return bound(lambda x, _: _tiny_fused_conv(a, x, w0, b0)) if fused and not res0 and shape[0] == 1 else None
     if fused:
         ep0 = _epilogue(a, b0, a["activation"])
     else:
         ep0 = None if b0 is None else _epilogue(a, b0, "Identity")
-    # the paths are chosen as _conv_nobias_cpu chooses them for the epilogue each call passes (a residual's too)
-    conv = _bound_conv_nobias(a, shape, w0, ep0 if not res0 else ep0.with_residual(np.empty(0, np.float32)))
+    # the path is chosen as for the epilogue each call passes (a residual's too)
+    conv = _conv_path(a, shape, np.float32, w0, ep0 if not res0 else ep0.with_residual(np.empty(shape, np.float32)),
+                      bound=True)
     if conv is None:
         return None
     if res0:
         return bound(lambda x, r: conv(x, ep0.with_residual(np.ascontiguousarray(r))))
     return bound(lambda x, _: conv(x, ep0))
-
-
-def _bound_conv_nobias(a, shape: tuple, w: np.ndarray, epilogue):
-    """_conv_nobias_cpu's pointwise, depthwise or direct path for float32 inputs of `shape` and this w and
-    epilogue (numba loaded), as fn(x, epilogue) with everything that does not depend on x's values derived
-    now; None for its other paths."""
-    x = np.empty(shape, np.float32)  # for the paths' own tests of shape and dtype (no values are read)
-    n, c, h, wd = shape
-    o = w.shape[0]
-    if _pointwise_2d(a, x, w):
-        w2 = w.reshape(o, c)
-        out = (n, o, h, wd)
-        if _pixel_conv_applies(x, w, epilogue):
-            return lambda x, ep: _pixel_conv(a, x, w, ep)
-        if conv_pointwise.use_pointwise(x, w, epilogue):
-            return lambda x, ep: conv_pointwise.pointwise(w2, x.reshape(n, c, h * wd), ep).reshape(out)
-        return lambda x, ep: threads.matmul(w2, x.reshape(c, h * wd) if n == 1 else x.reshape(n, c, h * wd),
-                                            ep).reshape(out)
-    strides, dil, pads = _spatial(a, 2)
-    out_sp = [window_count(shape[2 + i], w.shape[2 + i], strides[i], dil[i], pads[i], pads[i + 2]) for i in range(2)]
-    if conv_taps.use_depthwise(x, w, a["group"]):
-        tp = conv_taps.TapPlan(shape, w, strides, dil, pads, out_sp)
-        return lambda x, ep: conv_taps.run_taps(tp, x, ep)
-    if conv_direct.use_direct(x, w, a["group"], epilogue):
-        return lambda x, ep: conv_direct.direct2d(x, w, strides, dil, pads, out_sp, ep)
-    return None
 
 
 def _epilogue(a, b, activation: str):
