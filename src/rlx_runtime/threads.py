@@ -490,7 +490,7 @@ class Prepared:
             rows_at, cols_at = np.nonzero((self.ti >= lo) & (self.ti <= lo + t.nbytes))
             relocs += [(r, c, slot, self.ti[r, c] - lo) for r, c in zip(rows_at, cols_at) if c > 0]
         self.relocs = np.array(relocs, np.int64).reshape(-1, 4)
-        self.keep = [a for a in _arrays(steps.keep) if not any(np.shares_memory(a, t) for t in templates)]
+        self.keep = [a for a in _arrays(steps.keep) if not any(np.may_share_memory(a, t) for t in templates)]
         self._k = steps._k
         self._using = threading.Lock()
 

@@ -291,10 +291,12 @@ def _prepared(prepare, out: tuple, epilogue, per_call):
             job = jobs[threads.threads_in_use()] = prepare(has_res)
         x = np.ascontiguousarray(x)
         y = aligned.empty(out, out[2] * out[3])
+        # flat: one compiled signature of the relocating kernels for every step (each is a cache load at the
+        # first forward)
         if has_res:
-            ran = ep.args[-2].size == size and job.run(x, y, ep.args[-2])
+            ran = ep.args[-2].size == size and job.run(x.reshape(-1), y.reshape(-1), ep.args[-2])
         else:
-            ran = job.run(x, y)
+            ran = job.run(x.reshape(-1), y.reshape(-1))
         return y if ran else per_call(x, ep)
     return run
 
