@@ -165,11 +165,11 @@ def test_row_scale_multiply_is_numpys_bit_for_bit(big, small, small_first):
 
 def test_row_scale_multiply_takes_the_kernel_only_where_it_applies(monkeypatch):
     from rlx_format.numba_setup import numba  # noqa: F401
-    from rlx_runtime import ufuncs
+    from rlx_runtime import conv_kernels
     from rlx_runtime.kernels import elementwise
     calls = []
-    real = ufuncs.scale_rows
-    monkeypatch.setattr(ufuncs, "scale_rows", lambda *a: calls.append(1) or real(*a))
+    real = conv_kernels.scale_rows
+    monkeypatch.setattr(conv_kernels, "scale_rows", lambda *a: calls.append(1) or real(*a))
     f = np.ones((1, 24, 7, 7), np.float32)
     cases = [(f, np.ones((1, 24, 1, 1), np.float32), True),
              (np.ones((2, 24, 7, 7), np.float32), np.ones((1, 24, 1, 1), np.float32), False),  # batch broadcast
@@ -191,10 +191,10 @@ def test_a_squeeze_excite_mul_in_a_plan_takes_the_row_kernel(monkeypatch):
     """Mul(x, s) computed in place on a dying x in the generated code, and by the kernel otherwise."""
     from rlx_format import GraphBuilder
     from rlx_format.numba_setup import numba  # noqa: F401
-    from rlx_runtime import Session, ufuncs
+    from rlx_runtime import Session, conv_kernels
     calls = []
-    real = ufuncs.scale_rows
-    monkeypatch.setattr(ufuncs, "scale_rows", lambda *a: calls.append(1) or real(*a))
+    real = conv_kernels.scale_rows
+    monkeypatch.setattr(conv_kernels, "scale_rows", lambda *a: calls.append(1) or real(*a))
     g = GraphBuilder("se")
     x = g.input("x", "f32", [1, 16, 8, 8])
     s = g.input("s", "f32", [1, 16, 1, 1])
@@ -206,3 +206,31 @@ def test_a_squeeze_excite_mul_in_a_plan_takes_the_row_kernel(monkeypatch):
     assert len(calls) == 2
     _same_products(got["out"], np.multiply(-xv, sv))
     _same_products(got["out2"], np.multiply(sv, xv))
+
+
+@pytest.mark.parametrize("shape", [(1, 24, 7, 7), (2, 13, 5, 9), (1, 3, 40, 40)], ids=str)
+def test_split_scale_and_channel_means_are_the_unsplit_ones(shape, monkeypatch):
+    """At 2 threads with every split taken (threads.stream_rows: native rows, a run of channels per thread), a
+    squeeze-excite scale (out of place and in place) and GlobalAveragePool give the one-thread bits."""
+    from threadpoolctl import threadpool_limits
+
+    from rlx_format.numba_setup import numba  # noqa: F401 - the row kernels run once numba is loaded
+    from rlx_runtime import pool_kernels, threads
+    from rlx_runtime.kernels.elementwise import multiply_cpu
+    a, s = _nan_payloads(shape, 5), _nan_payloads(shape[:2] + (1, 1), 6)
+    gap = CPU.kernel("GlobalAveragePool")
+    with threadpool_limits(1, "blas"), threads.forward_threads():
+        want, want_means = multiply_cpu(a, s), gap(np, {}, a)
+    monkeypatch.setattr(threads, "_MIN_SPLIT_WORK", 0)
+    rows = []
+    for name in ("put_scale", "put_means"):
+        real = getattr(pool_kernels, name)
+        monkeypatch.setattr(pool_kernels, name, lambda *args, _r=real, _n=name: rows.append(_n) or _r(*args))
+    with threadpool_limits(2, "blas"), threads.forward_threads():
+        got, means = multiply_cpu(a, s), gap(np, {}, a)
+        inplace = a.copy()
+        assert multiply_cpu(inplace, s, out=inplace) is inplace
+    assert rows.count("put_scale") == 4 and rows.count("put_means") == 2  # two chunks each
+    _same_products(got, want)
+    _same_products(inplace, want)
+    np.testing.assert_array_equal(means.view(np.uint32), want_means.view(np.uint32))

@@ -330,6 +330,27 @@ def im2col_2d(x, cols, sh, sw, dh, dw, top, left, hp, wp):  # pragma: no cover -
                         copy_f32(dst, base + oy * ow, padded, (oy * sh + ky * dh) * wp + kx * dw, ow, sw)
 
 
+# an element's cost in a streaming pass over rows (a squeeze-excite block's scale, GlobalAveragePool's means), in
+# GEMM multiply-adds: their rows split over the forward's threads (threads.stream_rows) from 128 K elements. One
+# thread reading all the channels that the split depthwise conv before wrote took 1.3x as long at 2 threads as at
+# 1 (EfficientNet-B0's scales and means: 0.79 -> 1.04 ms). A/B at 2 threads, whole forwards: EfficientNet-B0
+# 0.95-0.96x the time, MobileNetV3-small level (from 256 K elements 0.96-0.99x, from 64 K 0.96x / 1.0-1.01x; as
+# Python jobs, whose GIL hand-offs cost more than the split saved, 1.05-1.16x)
+STREAM_COST = 16
+
+
+# error_model="numpy": no exception branch, so the row loop vectorizes
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def scale_rows(big, small, out, width):  # pragma: no cover - compiled
+    """out[r * width + i] = big[r * width + i] * small[r], all flat float32 (a NaN times a NaN gives one of the two,
+    as IEEE leaves it; numpy's own loops differ there too)."""
+    for r in range(small.size):
+        v = small[r]
+        at = r * width
+        for i in range(width):
+            out[at + i] = big[at + i] * v
+
+
 @numba.njit(cache=True, nogil=True, error_model="numpy")
 def row_means(x, out, width):  # pragma: no cover - compiled
     """out[r] = sum(x[r * width:(r + 1) * width]) / width for flat float32 x: GlobalAveragePool's channel means, each

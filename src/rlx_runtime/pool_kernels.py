@@ -30,9 +30,11 @@ from .atomics import backoff as _backoff
 from .atomics import load as _load
 from .atomics import store as _store
 from .atomics import swap as _swap
-from .conv_kernels import bias_act_block, bias_act_rows, direct_rows, fill_phases, tap_planes
+from .conv_kernels import (bias_act_block, bias_act_rows, direct_rows, fill_phases, row_means, scale_rows,
+                           tap_planes)
 from .linear import add_columns
 from .pool_layout import (FINISHED, KIND, KIND_NATIVE, NEXT, ROW_BIAS_ACT, ROW_COLUMNS, ROW_DIRECT, ROW_FILL, ROW_GEMM,
+                          ROW_MEANS, ROW_SCALE,
                           ROW_GEMV, ROW_SKINNY, ROW_TAPS, WORKED, YIELD)
 from .simd import SKINNY_ROWS, skinny_f32
 
@@ -117,6 +119,17 @@ def _run_row(ti, tf, r):  # pragma: no cover - compiled
         bias_act_block(y, ti[r, 5], ti[r, 6], ti[r, 7], ti[r, 8], ti[r, 9], ti[r, 10], ti[r, 11], bias,
                        ti[r, 14] != 0, ti[r, 15], np.float32(tf[r, 0]), np.float32(tf[r, 1]), ti[r, 16] != 0,
                        np.float32(tf[r, 2]), ti[r, 17] != 0, np.float32(tf[r, 3]), res, ti[r, 20] != 0)
+    elif kind == ROW_SCALE:
+        width, r0, r1 = ti[r, 4], ti[r, 5], ti[r, 6]
+        big = numba.carray(_f32_at(ti[r, 1] + 4 * r0 * width), ((r1 - r0) * width,))
+        small = numba.carray(_f32_at(ti[r, 2] + 4 * r0), (r1 - r0,))
+        out = numba.carray(_f32_at(ti[r, 3] + 4 * r0 * width), ((r1 - r0) * width,))
+        scale_rows(big, small, out, width)
+    elif kind == ROW_MEANS:
+        width, r0, r1 = ti[r, 3], ti[r, 4], ti[r, 5]
+        x = numba.carray(_f32_at(ti[r, 1] + 4 * r0 * width), ((r1 - r0) * width,))
+        out = numba.carray(_f32_at(ti[r, 2] + 4 * r0), (r1 - r0,))
+        row_means(x, out, width)
     elif kind == ROW_COLUMNS:
         nb, m, n = ti[r, 2], ti[r, 3], ti[r, 4]
         y = numba.carray(_f32_at(ti[r, 1]), (nb * m * n,))
@@ -386,6 +399,21 @@ def put_columns(ti, tf, r, y, b0, b1, r0, r1, c0, c1, bias, res, has_res):  # pr
     ti[r, 5], ti[r, 6], ti[r, 7], ti[r, 8], ti[r, 9], ti[r, 10] = b0, b1, r0, r1, c0, c1
     ti[r, 11], ti[r, 12], ti[r, 13], ti[r, 14] = bias.ctypes.data, bias.size, res.ctypes.data, res.size
     ti[r, 15] = has_res
+
+
+@numba.njit(cache=True, nogil=True)
+def put_scale(ti, tf, r, big, small, out, width, r0, r1):  # pragma: no cover - compiled
+    """Row r: conv_kernels.scale_rows on rows r0..r1 of flat float32 big (rows of `width`), small (a value per row) and
+    out."""
+    ti[r, 0], ti[r, 1], ti[r, 2], ti[r, 3] = ROW_SCALE, big.ctypes.data, small.ctypes.data, out.ctypes.data
+    ti[r, 4], ti[r, 5], ti[r, 6] = width, r0, r1
+
+
+@numba.njit(cache=True, nogil=True)
+def put_means(ti, tf, r, x, out, width, r0, r1):  # pragma: no cover - compiled
+    """Row r: conv_kernels.row_means on rows r0..r1 of flat float32 x (rows of `width`) into out."""
+    ti[r, 0], ti[r, 1], ti[r, 2] = ROW_MEANS, x.ctypes.data, out.ctypes.data
+    ti[r, 3], ti[r, 4], ti[r, 5] = width, r0, r1
 
 
 @numba.njit(cache=True, nogil=True)

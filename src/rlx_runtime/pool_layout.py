@@ -10,6 +10,7 @@ YIELD, CTRL_SIZE = 32, 40  # YIELD: idle workers stop polling (a numba parallel 
 KIND_NATIVE, KIND_PYTHON, KIND_CLOSED = 0, 1, 2
 # table rows: column 0 is the kind; the columns of each, then its floats
 ROW_GEMM, ROW_GEMV, ROW_BIAS_ACT, ROW_TAPS, ROW_SKINNY, ROW_DIRECT, ROW_FILL, ROW_COLUMNS = 1, 2, 3, 4, 5, 6, 7, 8
+ROW_SCALE, ROW_MEANS = 9, 10
 INT_COLUMNS, FLOAT_COLUMNS = 40, 4
 # ROW_GEMM: fn, wide, order, transa, transb, m, n, k, a, lda, b, ldb, c, ldc | alpha, beta
 # ROW_GEMV: fn, wide, order, trans, m, n, a, lda, x, incx, y, incy | alpha, beta
@@ -28,3 +29,5 @@ INT_COLUMNS, FLOAT_COLUMNS = 40, 4
 #   of every phase plane)
 # ROW_COLUMNS: y, B, M, N, b0, b1, r0, r1, c0, c1, bias, nbias, res, nres, has_res (linear.add_columns: a FusedMatMul's
 #   bias per column, then its residual)
+# ROW_SCALE: big, small, out, width, r0, r1 (conv_kernels.scale_rows on rows r0..r1: a squeeze-excite block's scale)
+# ROW_MEANS: x, out, width, r0, r1 (conv_kernels.row_means on rows r0..r1: GlobalAveragePool)

@@ -663,6 +663,27 @@ def gemm_into(a: np.ndarray, b: np.ndarray, out: np.ndarray, beta: float = 0.0) 
 _MIN_GEMV_SPLIT = 1 << 18
 
 
+def stream_rows(put: str, rows: int, work: int, arrays: tuple, width: int, run: Callable[[int, int], None]) -> None:
+    """A streaming pass over `rows` rows of `width` (a squeeze-excite scale, channel means): split over the
+    forward's threads when `work` is worth it, as a native job of pool_kernels.`put` rows (put(ti, tf, r,
+    *arrays, width, r0, r1)) so that each thread takes the rows its share of the producing conv wrote, else
+    run(0, rows) here. (As Python jobs the GIL's hand-offs cost more than the split saved.)"""
+    edges = chunk_edges(rows, threads_for(work), 1)
+    if len(edges) == 2:
+        return run(0, rows)
+    with Steps(len(edges) - 1, True) as steps:
+        for r0, r1 in zip(edges, edges[1:]):
+            if steps.native:
+                k, ints, floats, r = steps.tables()
+                getattr(k, put)(ints, floats, r, *arrays, width, r0, r1)
+                steps.added()
+            else:
+                steps.added(partial(run, r0, r1))
+            steps.end_chunk()
+        steps.keep += arrays
+        steps.run()
+
+
 def rows_in_chunks(rows: int, work: int, fn: Callable[[int, int], None]) -> None:
     """fn(r0, r1) over rows 0..rows in one chunk per thread that `work` (the whole job's, in GEMM multiply-adds)
     is worth (threads_for), run by run_chunks: for row kernels (numba, nogil) whose rows are independent."""

@@ -379,14 +379,3 @@ def softmax_last(x: np.ndarray, out: np.ndarray, generic) -> np.ndarray:
     return out
 
 
-# ------------------------------------------------------------------ a tensor times one scale per row
-# error_model="numpy": no exception branch, so the row loop vectorizes
-@numba.njit(cache=True, error_model="numpy")
-def scale_rows(big, small, out, width):  # pragma: no cover - compiled
-    """out[r * width + i] = big[r * width + i] * small[r], all flat float32 (a NaN times a NaN gives one of the two,
-    as IEEE leaves it; numpy's own loops differ there too)."""
-    for r in range(small.size):
-        v = small[r]
-        at = r * width
-        for i in range(width):
-            out[at + i] = big[at + i] * v

@@ -9,6 +9,7 @@ import numpy as np
 
 from rlx_format.dtypes import bf16_words, compute_dtype, float_to_int
 
+from .. import threads
 from ..backend import special
 from ..clamp import SMALL, clamp, relu
 from .registry import kernel, numba_loaded, register
@@ -26,6 +27,13 @@ def _ufuncs():
     """ufuncs.py (numba), imported on first use (an import statement per call cost ~1 us)."""
     from .. import ufuncs
     return ufuncs
+
+
+@functools.cache
+def _conv_kernels():
+    """conv_kernels.py (numba), imported on first use."""
+    from .. import conv_kernels
+    return conv_kernels
 
 
 @kernel("Silu", backend="cpu")
@@ -171,7 +179,7 @@ MIN_ROW = 16
 
 def multiply_cpu(x, y, out=None):
     """np.multiply(x, y, out=out). A float32 tensor times one value per row of it (a squeeze-excite block's
-    (N, C, H, W) x (N, C, 1, 1)), once numba is loaded, by ufuncs.scale_rows: the same products (but which NaN
+    (N, C, H, W) x (N, C, 1, 1)), once numba is loaded, by conv_kernels.scale_rows: the same products (but which NaN
     a NaN times a NaN gives; numpy's broadcast loop ran at ~0.17 ns an element here, the row loop at ~0.07)."""
     if numba_loaded() and isinstance(x, np.ndarray) and isinstance(y, np.ndarray):
         big, small = (x, y) if x.size >= y.size else (y, x)
@@ -183,7 +191,10 @@ def multiply_cpu(x, y, out=None):
                 k -= 1
             if small.shape[:k] == big.shape[:k]:  # one value per row of big's last ndim - k axes
                 dst = _aligned().empty(big.shape, big.size // small.size) if out is None else out
-                _ufuncs().scale_rows(big.reshape(-1), small.reshape(-1), dst.reshape(-1), big.size // small.size)
+                b, s, d, w = big.reshape(-1), small.reshape(-1), dst.reshape(-1), big.size // small.size
+                scale_rows = _conv_kernels().scale_rows
+                threads.stream_rows("put_scale", s.size, b.size * _conv_kernels().STREAM_COST, (b, s, d), w,
+                                    lambda r0, r1: scale_rows(b[r0 * w:r1 * w], s[r0:r1], d[r0 * w:r1 * w], w))
                 return dst
     return np.multiply(x, y, out=out)
 

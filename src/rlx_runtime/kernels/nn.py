@@ -632,7 +632,10 @@ def _gap_cpu(xp, a, x):
     if x.dtype != np.float32 or x.ndim < 3 or x.size == 0 or not _numba_loaded():
         return _gap(xp, a, x)
     out = np.empty(x.shape[:2] + (1,) * (x.ndim - 2), np.float32)
-    _conv_kernels().row_means(np.ascontiguousarray(x).reshape(-1), out.reshape(-1), math.prod(x.shape[2:]))
+    flat, means, w = np.ascontiguousarray(x).reshape(-1), out.reshape(-1), math.prod(x.shape[2:])
+    row_means = _conv_kernels().row_means
+    threads.stream_rows("put_means", means.size, flat.size * _conv_kernels().STREAM_COST, (flat, means), w,
+                        lambda r0, r1: row_means(flat[r0 * w:r1 * w], means[r0:r1], w))
     return out
 
 
