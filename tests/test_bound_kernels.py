@@ -308,3 +308,26 @@ def test_a_bound_step_run_from_two_threads_at_once_gives_each_its_values(threads
         for t in ts:
             t.join()
     assert not wrong
+
+
+@pytest.mark.parametrize("threads", [1, "2-split"])
+def test_a_bound_conv_runs_its_prepared_job_from_its_second_call(threads, monkeypatch):
+    """The first call of a bound pointwise, depthwise or direct conv takes the per-call path (a one-shot forward
+    does not pay for making the job); every later call runs the job (threads.Prepared.run)."""
+    from rlx_runtime import threads as rlx_threads
+
+    ran = []
+    real = rlx_threads.Prepared.run
+    monkeypatch.setattr(rlx_threads.Prepared, "run", lambda self, *a: ran.append(real(self, *a)) or ran[-1])
+    for xs, ws, attrs in (CONVS[0], CONVS[5], CONVS[8]):  # pointwise, depthwise, direct
+        g = _conv_graph(xs, ws, attrs, ("Relu", {}))
+        bound, ref = _compiled(g, monkeypatch, True), _compiled(g, monkeypatch, False)
+        x = RNG.standard_normal(xs).astype(np.float32)
+        with threadpool_limits(_threads(threads, monkeypatch), "blas"):
+            want = ref.run({"x": x})
+            ran.clear()
+            _same(bound.run({"x": x}), want)
+            assert ran == []
+            for _ in range(2):
+                _same(bound.run({"x": x}), want)
+            assert ran and all(ran), (xs, ws)  # a direct conv's job is two (its fill and its rows): one call each

@@ -464,6 +464,7 @@ def test_a_numba_parallel_kernel_sends_the_polling_workers_to_sleep(split_small,
     from rlx_runtime.pool_layout import YIELD
 
     a, b = _f(600, 128), _f(128, 300)
+    assert threads._kernels() is not None  # its first call measures _polls: before the patch, not over it
     monkeypatch.setattr(threads, "_polls", 1 << 50)  # idle workers would poll for days: only YIELD stops them
     with threadpool_limits(2, "blas"), forward_threads():
         for _ in range(3):  # (a worker asleep from before wakes here and polls on with the long budget)

@@ -277,17 +277,20 @@ def _conv_path(a, shape: tuple, dtype, w: np.ndarray, epilogue, bound: bool = Fa
 
 def _prepared(prepare, out: tuple, epilogue, per_call):
     """A bound kernel's path run as a threads.Prepared job: prepare(residual) makes it for the residual-ness of
-    `epilogue` and the forward's thread count (one per count met); each call runs it with the call's input, a
-    fresh output of shape `out` (n, o, oh, ow) and the call's residual, or per_call(x, ep) (the path's per-call
-    form) while another thread runs the job."""
+    `epilogue` and the forward's thread count (one per count met, at the second call there); each later call runs
+    it with the call's input, a fresh output of shape `out` (n, o, oh, ow) and the call's residual. The first call
+    at a count, and any call while another thread runs the job, take per_call(x, ep) (the path's per-call form)."""
     has_res = epilogue is not None and bool(epilogue.args[-1])
-    jobs: dict[int, threads.Prepared] = {}
+    jobs: dict[int, threads.Prepared | None] = {}
     aligned = conv_pointwise._numba_side()[2]
     size = math.prod(out)
 
     def run(x, ep):
         job = jobs.get(threads.threads_in_use())
         if job is None:
+            if threads.threads_in_use() not in jobs:  # the first call: per call (a one-shot forward does not
+                jobs[threads.threads_in_use()] = None  # pay for the job, nor the first forward for its making)
+                return per_call(x, ep)
             job = jobs[threads.threads_in_use()] = prepare(has_res)
         x = np.ascontiguousarray(x)
         y = aligned.empty(out, out[2] * out[3])
