@@ -484,7 +484,7 @@ MUTANTS = [
            (("rlx_runtime/threads.py", "                placement.release_caller(_hold)\n", ""),),
            ("test_placement.py",)),
     Mutant("bound_conv_path_without_residual", "a bound conv picks its path for the epilogue with its residual",
-           (("rlx_runtime/kernels/nn.py", "w0, ep0 if not res0 else ep0.with_residual(np.empty(shape, np.float32)),",
+           (("rlx_runtime/kernels/nn.py", "w0, ep0 if not res0 else ep0.with_residual(np.empty(0, np.float32)),",
              "w0, ep0,"),),
            ("test_bound_kernels.py",)),
     Mutant("split_gemm_output_unaligned", "a split GEMM's float32 output starts on a cache line",

@@ -230,7 +230,7 @@ def _conv_path(a, shape: tuple, dtype, w: np.ndarray, epilogue, bound: bool = Fa
     Pointwise 2-D convs: the input is the column matrix (a squeeze-excite block's 1x1-pixel ones one pixel_conv);
     depthwise convs by a numba kernel (conv_taps.py); dense 2-D convs direct (conv_direct.py) or, stride 1 with
     large im2col columns, as shifted-view GEMMs; else im2col and a GEMM. bound: for a bound kernel, with what does
-    not depend on x's values derived now (the pointwise job's rows written once: threads.Prepared); None for the
+    not depend on x's values derived now (a pointwise, depthwise or direct conv's job: threads.Prepared); None for the
     GEMM paths of dense convs (they run long enough that per-call set-up costs little, and whether the shifted
     path pays depends on the thread count)."""
     if len(shape) == 4:
@@ -479,7 +479,8 @@ def _bind_conv(a, x, w, b=None, residual=None):
     else:
         ep0 = None if b0 is None else _epilogue(a, b0, "Identity")
     # the path is chosen as for the epilogue each call passes (a residual's too)
-    conv = _conv_path(a, shape, np.float32, w0, ep0 if not res0 else ep0.with_residual(np.empty(shape, np.float32)),
+    # (an empty residual: the bound path keeps this epilogue for the step's life, and reads only that it has one)
+    conv = _conv_path(a, shape, np.float32, w0, ep0 if not res0 else ep0.with_residual(np.empty(0, np.float32)),
                       bound=True)
     if conv is None:
         return None
