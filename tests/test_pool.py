@@ -467,10 +467,18 @@ def test_a_numba_parallel_kernel_sends_the_polling_workers_to_sleep(split_small,
     assert threads._kernels() is not None  # its first call measures _polls: before the patch, not over it
     monkeypatch.setattr(threads, "_polls", 1 << 50)  # idle workers would poll for days: only YIELD stops them
     with threadpool_limits(2, "blas"), forward_threads():
-        for _ in range(3):  # (a worker asleep from before wakes here and polls on with the long budget)
+        matmul(a, b)  # the pool exists from here
+        pool = threads._pool
+        # a worker still polling with the budget it had before the patch (jobs kept coming within it) would keep
+        # that budget: first every worker to sleep, then each wakes at a job and polls on with the long one
+        parallel_call(lambda: None)
+        for _ in range(200):
+            if pool.sleeping == pool.size:
+                break
+            time.sleep(0.005)
+        for _ in range(3):
             matmul(a, b)
             time.sleep(0.01)
-        pool = threads._pool
         time.sleep(0.05)
         assert pool.sleeping == 0  # still polling
         parallel_call(lambda: None)

@@ -34,8 +34,7 @@ from .conv_kernels import (bias_act_block, bias_act_rows, direct_rows, fill_phas
                            tap_planes)
 from .linear import add_columns
 from .pool_layout import (FINISHED, KIND, KIND_NATIVE, NEXT, ROW_BIAS_ACT, ROW_COLUMNS, ROW_DIRECT, ROW_FILL, ROW_GEMM,
-                          ROW_MEANS, ROW_SCALE,
-                          ROW_GEMV, ROW_SKINNY, ROW_TAPS, WORKED, YIELD)
+                          ROW_GEMV, ROW_MEANS, ROW_SCALE, ROW_SKINNY, ROW_TAPS, WORKED, YIELD)
 from .simd import SKINNY_ROWS, skinny_f32
 
 _I32, _I64, _F32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
