@@ -271,9 +271,10 @@ def _depthwise(xs, k, attrs):
             {**attrs, "group": c})
 
 
-@pytest.fixture
-def depthwise_calls(monkeypatch):
-    return count_taps_calls(monkeypatch)
+@pytest.fixture(params=["phases", "blocked"])
+def depthwise_calls(request, monkeypatch):
+    """Each depthwise test runs with each kernel (count_taps_calls)."""
+    return count_taps_calls(monkeypatch, request.param == "blocked")
 
 
 @pytest.mark.parametrize("xs,k,attrs", DEPTHWISE, ids=str)
@@ -489,8 +490,12 @@ def count_direct_calls(monkeypatch) -> list:
     return _count_path_calls(monkeypatch, conv_direct, "run_direct", "PreparedDirect")
 
 
-def count_taps_calls(monkeypatch) -> list:
-    """The depthwise tap path's calls (_count_path_calls): taps2d runs run_taps."""
+def count_taps_calls(monkeypatch, blocked: bool = False) -> list:
+    """The depthwise path's calls (_count_path_calls), its kernel forced: the stride-phase one (taps2d runs
+    run_taps) or, `blocked`, the channel-blocked one (run_blocked; on any CPU, though only AVX-512 takes it)."""
+    monkeypatch.setattr(conv_taps, "use_blocked", lambda *a: blocked)
+    if blocked:
+        return _count_path_calls(monkeypatch, conv_taps, "run_blocked", "prepare_blocked")
     return _count_path_calls(monkeypatch, conv_taps, "run_taps", "prepare_taps")
 
 
@@ -632,6 +637,89 @@ def test_a_mobilenet_sized_depthwise_conv_splits_over_two_threads(monkeypatch):
     with threadpool_limits(1, "blas"), threads.forward_threads():
         one = conv_taps.taps2d(x, w, (1, 1), (1, 1), (2, 2, 2, 2), (7, 7))
     np.testing.assert_array_equal(two, one)
+
+
+# (x shape, kernel, strides, dilations, pads) for the channel-blocked kernel against the phase one: channels a whole
+# number of blocks, one short, a block and a bit, fewer than one; planes narrower than a tile (7x7: flat tiles across
+# rows), stride 2 and 3, dilation, asymmetric pads, no pads, batch 2
+BLOCKED = [
+    ((1, 16, 7, 7), (5, 5), (1, 1), (1, 1), (2, 2, 2, 2)),
+    ((2, 37, 13, 19), (3, 3), (2, 2), (1, 1), (1, 1, 2, 1)),
+    ((1, 5, 30, 33), (3, 3), (1, 1), (2, 2), (2, 2, 2, 2)),
+    ((1, 40, 9, 40), (5, 5), (2, 1), (1, 1), (2, 2, 3, 2)),
+    ((1, 15, 4, 4), (3, 3), (3, 3), (1, 1), (0, 0, 0, 0)),
+    ((2, 33, 28, 17), (7, 7), (1, 1), (1, 1), (3, 1, 3, 0)),
+    ((1, 24, 21, 22), (3, 3), (3, 2), (2, 3), (3, 1, 2, 3)),
+]
+
+
+def _blocked_and_phases(xs, k, strides, dil, pads, epilogue=None, x=None):
+    """(channel-blocked result, phase-kernel result) of a depthwise conv of random weights."""
+    from rlx_runtime.kernels.nn import window_count
+    w = RNG.standard_normal((xs[1], 1, *k)).astype(np.float32)
+    x = RNG.standard_normal(xs).astype(np.float32) if x is None else x
+    out_sp = [window_count(xs[2 + i], k[i], strides[i], dil[i], pads[i], pads[i + 2]) for i in range(2)]
+    args = (xs, w, strides, dil, pads, out_sp)
+    return (conv_taps.run_blocked(conv_taps.BlockPlan(*args), x, epilogue),
+            conv_taps.run_taps(conv_taps.TapPlan(*args), x, epilogue))
+
+
+@pytest.mark.parametrize("band_bytes", [1, 1 << 20], ids=["a-row-a-band", "one-band"])
+@pytest.mark.parametrize("xs,k,strides,dil,pads", BLOCKED, ids=str)
+def test_the_blocked_depthwise_kernel_gives_the_phase_kernels_bits(xs, k, strides, dil, pads, band_bytes,
+                                                                    monkeypatch):
+    """The channel-blocked kernel sums each output's taps by fma in tap order from 0.0, as the phase kernel does
+    (test_depthwise_sums_the_taps_in_order checks that order against numpy): the same bits, band by band (one
+    output row a band: padding rows in the middle of the plane's bands) or the whole plane in one, with a residual
+    and a Silu epilogue too."""
+    from rlx_runtime.conv_kernels import bias_activation
+    monkeypatch.setattr(conv_taps, "BAND_BYTES", band_bytes)
+    got, want = _blocked_and_phases(xs, k, strides, dil, pads)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    ep = bias_activation(RNG.standard_normal(xs[1]).astype(np.float32), "Silu", 0.0, None, None, xs[1])
+    ep = ep.with_residual(RNG.standard_normal(want.size).astype(np.float32))
+    x = RNG.standard_normal(xs).astype(np.float32)
+    got, want = _blocked_and_phases(xs, k, strides, dil, pads, ep, x)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("xs,splits", [((1, 576, 7, 7), "blocks"), ((1, 24, 31, 9), "rows")], ids=str)
+def test_the_blocked_depthwise_kernel_splits_by_blocks_or_rows_with_the_same_bits(xs, splits, monkeypatch):
+    """At two threads the blocked kernel splits by channel blocks while there are two per thread (MobileNetV3's
+    576 channels: 36 blocks), else by output rows (24 channels: 2 blocks); one thread's bits either way, non-finite
+    inputs included."""
+    from rlx_runtime import threads
+    monkeypatch.setattr(threads, "_MIN_SPLIT_WORK", 0)
+    x = RNG.standard_normal(xs).astype(np.float32)
+    x.reshape(-1)[::97] = np.nan
+    x.reshape(-1)[5::89] = -np.inf
+    w = RNG.standard_normal((xs[1], 1, 3, 3)).astype(np.float32)
+    bp = conv_taps.BlockPlan(xs, w, (1, 1), (1, 1), (1, 1, 1, 1), xs[2:])
+    kedges, gedges = bp.edges(2)
+    assert (len(kedges), len(gedges)) == ((3, 2) if splits == "blocks" else (2, 3))
+    jobs = _count_calls(monkeypatch, threads.Steps, "run")
+    with threadpool_limits(2, "blas"), threads.forward_threads():
+        two = conv_taps.run_blocked(bp, x)
+    assert jobs  # split: a job over the pool
+    with threadpool_limits(1, "blas"), threads.forward_threads():
+        one = conv_taps.run_blocked(bp, x)
+    np.testing.assert_array_equal(two.view(np.uint32), one.view(np.uint32))
+    np.testing.assert_array_equal(one, conv_taps.run_taps(conv_taps.TapPlan(xs, w, (1, 1), (1, 1), (1, 1, 1, 1),
+                                                                            xs[2:]), x))
+
+
+@pytest.mark.parametrize("k,strides,ow,avx512,taken", [
+    ((5, 5), (1, 1), 56, True, True),  # 25 taps
+    ((3, 3), (2, 2), 56, True, True),  # strided: no phase fill
+    ((3, 3), (1, 1), 14, True, True),  # rows narrower than MIN_ROW_WIDTH: the phase kernel's grid
+    ((3, 3), (1, 1), 28, True, False),  # the phase kernel straight into the output
+    ((3, 3), (1, 1), 112, True, False),
+    ((5, 5), (1, 1), 7, False, False),  # AVX2: not measured there
+])
+def test_which_depthwise_convs_take_the_blocked_kernel(k, strides, ow, avx512, taken, monkeypatch):
+    from rlx_runtime import simd
+    monkeypatch.setattr(simd, "AVX512", avx512)
+    assert conv_taps.use_blocked((8, 1, *k), strides, (ow, ow)) is taken
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")

@@ -91,6 +91,10 @@ def _depthwise(m):
     return count_taps_calls(m)
 
 
+def _depthwise_blocked(m):
+    return count_taps_calls(m, blocked=True)
+
+
 def _shifted(m):
     m.setattr(conv_direct, "MAX_INNER", 0)
     m.setattr(conv_shifted, "MIN_COLUMN_BYTES", 0)
@@ -127,6 +131,7 @@ PATHS = [
     ("direct-row-bands", _direct_in_pieces, (2, 6, 33, 20), (10, 6, 3, 3), {"pads": [1, 1, 1, 1]}),  # 2 threads
     ("direct-stem", _direct, (2, 3, 17, 15), (16, 3, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
     ("depthwise", _depthwise, (2, 12, 11, 13), (12, 1, 3, 3), {"pads": [1, 1, 1, 1], "group": 12}),
+    ("depthwise-blocked", _depthwise_blocked, (2, 20, 11, 13), (20, 1, 3, 3), {"pads": [1, 1, 1, 1], "group": 20}),
     ("shifted", _shifted, (2, 5, 9, 11), (6, 5, 3, 3), {"pads": [1, 1, 1, 1]}),
     ("im2col", _im2col, (2, 4, 9, 9), (6, 4, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
     ("im2col-grouped", _im2col, (1, 8, 9, 9), (6, 4, 3, 3), {"pads": [1, 1, 1, 1], "group": 2}),

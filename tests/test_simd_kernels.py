@@ -357,6 +357,60 @@ def test_tap_rows_sum_each_output_by_fma_in_tap_order(rows, count, pitch, src_pi
         written[at + r * pitch:at + r * pitch + count] = True
     assert np.all(dst[~written] == 7.0)
 
+# ------------------------------------------------ the channel-blocked depthwise kernel's tiles (conv_kernels.dw_blocks)
+@pytest.fixture(scope="module")
+def blocked_tiles():
+    from rlx_format.numba_setup import numba
+    from rlx_runtime.simd import taps16_f32, transpose16_f32, transpose16_to_f32
+
+    return (numba.njit(lambda *a: transpose16_f32(*a)), numba.njit(lambda *a: transpose16_to_f32(*a)),
+            numba.njit(lambda *a: taps16_f32(*a)))
+
+
+@pytest.mark.parametrize("scattered", [False, True])
+def test_transpose16_moves_exactly_the_tile(blocked_tiles, scattered):
+    """transpose16_f32 / transpose16_to_f32: dst[at + j * pitch + i] (or at + where[w_at + j]) = src[start + i *
+    src_pitch + j] for every i < rows, j < cols (0-16 each), NaN payloads kept; nothing else written."""
+    transpose, transpose_to, _ = blocked_tiles
+    pitch, src_pitch, at, start, w_at = 19, 23, 4, 6, 3
+    where = R.permutation(np.arange(16, dtype=np.int64) * pitch)  # each column its own place
+    where = np.concatenate([np.full(w_at, -10**9, np.int64), where])  # nothing before w_at is read
+    for rows in range(17):
+        for cols in range(17):
+            src = R.standard_normal(start + 16 * src_pitch + 16).astype(np.float32)
+            src[start + 2] = np.frombuffer(np.uint32(0x7FC01234).tobytes(), np.float32)[0]  # a NaN with a payload
+            dst = np.full(at + 16 * pitch + 16, 7.0, np.float32)
+            if scattered:
+                transpose_to(dst, at, where, w_at, src, start, src_pitch, rows, cols)
+            else:
+                transpose(dst, at, pitch, src, start, src_pitch, rows, cols)
+            want = np.full_like(dst, 7.0)
+            for j in range(cols):
+                to = at + (where[w_at + j] if scattered else j * pitch)
+                want[to:to + rows] = src[start + np.arange(rows) * src_pitch + j]
+            np.testing.assert_array_equal(dst.view(np.uint32), want.view(np.uint32), err_msg=f"{rows}x{cols}")
+
+
+@pytest.mark.parametrize("count", [0, 1, 5, 8, 9, 15, 16, 23])
+def test_taps16_sums_each_lane_by_fma_in_tap_order(blocked_tiles, count):
+    """taps16_f32: lane l of output pixel p is weights[w_at + 16 t + l] * src[start + step p + offsets[t] + l] added
+    by fma in order of t from 0.0, bit for bit (the tiles of 8 pixels and every rest); nothing else written."""
+    taps = blocked_tiles[2]
+    ntaps, step, start, at, w_at = 7, 48, 5, 16, 32
+    weights = R.standard_normal(w_at + 16 * ntaps).astype(np.float32)
+    offsets = np.array([0, 16, 32, 160, 176, 336, 48], np.int64)
+    src = R.standard_normal(start + step * max(count, 1) + 400).astype(np.float32)
+    dst = np.full(at + 16 * 24 + 16, 7.0, np.float32)
+    taps(dst, at, src, start, step, count, weights, w_at, offsets)
+    want = np.zeros((count, 16), np.float32)
+    lanes = start + step * np.arange(count)[:, None] + np.arange(16)[None, :]
+    for t in range(ntaps):
+        want = fma32(np.broadcast_to(weights[w_at + 16 * t:w_at + 16 * (t + 1)], (count, 16)),
+                     src[lanes + offsets[t]], want)
+    np.testing.assert_array_equal(dst[at:at + 16 * count].reshape(count, 16), want)
+    assert np.all(dst[:at] == 7.0) and np.all(dst[at + 16 * count:] == 7.0)
+
+
 # ---------------------------------------------------------------- sigmoid_f32 (Sigmoid, SiLU, their conv epilogues)
 def _exp_neg_abs_steps(x: np.ndarray) -> np.ndarray:
     """exp(-|x|) by the documented float32 steps (simd.py, above EXP_ABS_MAX) in numpy, one IEEE operation at a time

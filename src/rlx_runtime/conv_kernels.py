@@ -12,8 +12,8 @@ import numpy as np
 
 from rlx_format.numba_setup import numba
 
-from .simd import (AVX512, LANES, SKINNY_ROWS, copy_f32, gather_f32, max_fold_f32, sigmoid_f32, skinny_f32, sum_f32,
-                   tap_rows_f32)
+from .simd import (AVX512, BLOCK, LANES, SKINNY_ROWS, copy_f32, gather_f32, max_fold_f32, sigmoid_f32, skinny_f32,
+                   sum_f32, tap_rows_f32, taps16_f32, transpose16_f32, transpose16_to_f32)
 
 # Identity: the bias alone (a plain Conv's, added on blocks in cache instead of a pass over the whole output)
 ACTIVATION_CODES = {"Relu": 0, "Sigmoid": 1, "Silu": 2, "LeakyRelu": 3, "Clip": 4, "HardSwish": 5, "Identity": 6}
@@ -224,6 +224,58 @@ def tap_planes(x, phases, taps, offsets, y, n, c0, c1, grid, wq, sh, sw, top, le
             bias_act_rows(out, y.shape[1], oh * ow, 0, 1, done, c + 1, 0, oh * ow, 1, bias, has_bias, act, alpha,
                           beta, has_lo, lo, has_hi, hi, image_res, has_res)
             done = c + 1
+
+
+
+# Channel-blocked depthwise convs (conv_taps.BlockPlan): BLOCK channels at a time are transposed (in registers,
+# 16x16 tiles) into a zero-padded buffer of (row, column, BLOCK channels) vectors, band by band of output rows;
+# each output pixel's BLOCK channels are then one vector, its taps one fma each with a vector of the BLOCK
+# channels' weights, whatever the stride, and transposed back into the (N, C, OH, OW) output. tap_planes' stride
+# phases, its grid columns past OW and its per-row copies are gone (a 7x7 plane's channel took ~400 cycles there,
+# 75 of them taps). Each output is its taps added by fma in tap order from 0.0, as tap_planes adds them: the
+# same bits.
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def dw_blocks(x, taps, offsets, where, y, n, k0, k1, g0, g1, buf, out_rows, sh, sw, top, wp, reach, band, bias,
+              has_bias, act, alpha, beta, has_lo, lo, has_hi, hi, res, has_res):  # pragma: no cover - compiled
+    """A depthwise conv's y (N, C, OH, OW) written for image n, channel blocks k0..k1 (BLOCK channels each, the
+    last the rest), output rows g0..g1, from x (N, C, H, W). taps (blocks, T * BLOCK): each block's weights
+    tap-major, BLOCK lanes per tap (zero past C); offsets (T,) int64: where each tap reads relative to an output
+    pixel's first input pixel, in floats of buf ((ky * dh * wp + kx * dw) * BLOCK); where (H * W,) int64: the
+    buffer position of each input pixel (flat) as if the buffer's row 0 were input row 0 ((row * wp + left +
+    column) * BLOCK). buf: scratch of at least ((band - 1) * sh + reach) * wp * BLOCK floats whose padding columns
+    arrive zero and stay so; out_rows: scratch of band * OW * BLOCK floats. wp: padded width; reach: (kh - 1) * dh
+    + 1. A plane's pixels go in and out 16 at a time along the flat plane (a 7x7 plane: 4 tiles, not 7 rows).
+    With act >= 0 each band then gets bias_act_rows' bias (per channel) and activation while it is in cache; res
+    (with has_res): the residual of all of y, flat."""
+    c, h, w = x.shape[1], x.shape[2], x.shape[3]
+    oh, ow = y.shape[2], y.shape[3]
+    xf, out = x.reshape(-1), y[n].reshape(-1)
+    image_res = res[n * out.size:] if has_res else res
+    row = wp * BLOCK
+    for k in range(k0, k1):
+        c0 = k * BLOCK
+        count = min(BLOCK, c - c0)
+        src = (n * c + c0) * h * w
+        for b0 in range(g0, g1, band):
+            b1 = min(g1, b0 + band)
+            first = b0 * sh - top  # the input row of buf's row 0
+            last = first + (b1 - 1 - b0) * sh + reach  # past the last input row read
+            for i in range(first, last):
+                if not 0 <= i < h:  # a padding row
+                    buf[(i - first) * row:(i - first + 1) * row] = 0.0
+            p0, p1 = max(first, 0) * w, min(last, h) * w
+            for p in range(p0, p1, BLOCK):
+                transpose16_to_f32(buf, -first * row, where, p, xf, src + p, h * w, count, min(BLOCK, p1 - p))
+            for g in range(b0, b1):
+                taps16_f32(out_rows, (g - b0) * ow * BLOCK, buf, (g - b0) * sh * row, sw * BLOCK, ow, taps[k], 0,
+                           offsets)
+            q0, q1 = b0 * ow, b1 * ow
+            for q in range(q0, q1, BLOCK):
+                transpose16_f32(out, c0 * oh * ow + q, oh * ow, out_rows, (q - q0) * BLOCK, BLOCK, min(BLOCK, q1 - q),
+                                count)
+            if act >= 0:
+                bias_act_rows(out, c, oh * ow, 0, 1, c0, c0 + count, q0, q1, 1, bias, has_bias, act, alpha, beta,
+                              has_lo, lo, has_hi, hi, image_res, has_res)
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")

@@ -28,6 +28,20 @@ def use_depthwise(shape: tuple, dtype, w: np.ndarray, group: int) -> bool:
             and group == shape[1] == w.shape[0] and w.shape[1] == 1)
 
 
+def use_blocked(w_shape: tuple, strides, out_sp) -> bool:
+    """Whether a depthwise conv (use_depthwise) takes the channel-blocked kernel (BlockPlan) rather than the
+    stride-phase one (TapPlan): on AVX-512 (where it was measured), unless it has at most 9 taps, stride 1 and
+    output rows of conv_kernels.MIN_ROW_WIDTH or more, which the phase kernel computes straight into the output
+    without a fill (its two transposes per element cost as much as 9 taps there). Measured per conv at 1 thread
+    (Rocket Lake), blocked against phases: 5x5 0.39-0.85x (stride 2 and 7x7 / 14x14 planes least), 3x3 on 14x14
+    0.86x, 3x3 / 2 from 112x112 0.77x; 3x3 / 1 at 56x56 and 112x112 1.12-1.16x, at 28x28 1.07x. Both give the
+    same bits."""
+    from .conv_kernels import MIN_ROW_WIDTH
+    from .simd import AVX512
+    few_taps = w_shape[2] * w_shape[3] <= 9 and tuple(strides) == (1, 1) and out_sp[1] >= MIN_ROW_WIDTH
+    return AVX512 and not few_taps
+
+
 @functools.cache
 def _numba_side() -> tuple:
     """(conv_kernels, simd.LANES, aligned): numba's side, imported on the first tap conv (an import statement per
@@ -144,3 +158,117 @@ def prepare_taps(tp: TapPlan, epilogue, residual: bool) -> threads.Prepared:
         write_taps(steps, tp, arrays[0], arrays[1], ep, edges)
 
     return threads.Prepared(n * (len(edges) - 1), write, (tp.shape, tp.out_shape) + ((tp.out_shape,) * residual))
+
+
+# bytes of a channel-blocked conv's input buffer per band of output rows (the band's input rows, BLOCK channels
+# each): a band's rows stay in L2 between their transpose, their taps and the next band's overlap
+BAND_BYTES = 256 << 10
+
+
+class BlockPlan:
+    """What run_blocked derives from a depthwise conv's geometry and weights alone (conv_kernels.dw_blocks): the
+    weights as (blocks, taps x BLOCK) vectors, the tap offsets in the padded (row, column, BLOCK) buffer, the band
+    of output rows per pass and the scratch sizes."""
+
+    __slots__ = ("shape", "out_shape", "blocks", "taps", "offsets", "where", "geometry", "band", "buf_size",
+                 "rows_size", "work")
+
+    def __init__(self, x_shape: tuple, w: np.ndarray, strides, dil, pads, out_sp):
+        from .simd import BLOCK
+        n, c, h, wd = x_shape
+        kh, kw = w.shape[2], w.shape[3]
+        (sh, sw), (dh, dw) = strides, dil
+        oh, ow = out_sp
+        self.shape, self.out_shape = tuple(x_shape), (n, c, oh, ow)
+        self.blocks = -(-c // BLOCK)
+        padded = np.zeros((self.blocks * BLOCK, kh * kw), np.float32)
+        padded[:c] = w.reshape(c, -1)
+        self.taps = np.ascontiguousarray(padded.reshape(self.blocks, BLOCK, -1).transpose(0, 2, 1)).reshape(
+            self.blocks, -1)
+        wp = wd + pads[1] + pads[3]
+        reach = (kh - 1) * dh + 1
+        self.offsets = np.array([(ky * dh * wp + kx * dw) * BLOCK for ky in range(kh) for kx in range(kw)], np.int64)
+        rows, cols = np.divmod(np.arange(h * wd, dtype=np.int64), wd)
+        self.where = (rows * wp + pads[1] + cols) * BLOCK
+        row_bytes = wp * BLOCK * 4
+        self.band = max(1, min(oh, (BAND_BYTES // row_bytes - reach) // sh + 1))
+        self.geometry = (sh, sw, pads[0], wp, reach, self.band)
+        self.buf_size = ((self.band - 1) * sh + reach) * wp * BLOCK
+        self.rows_size = self.band * ow * BLOCK
+        self.work = c * kh * kw * oh * ow * TAP_COST
+
+    def scratch(self) -> tuple[np.ndarray, np.ndarray]:
+        """(buf, out_rows) for a dw_blocks call: on cache lines (every vector a whole line: a vector across two
+        lines costs two loads, and the taps run at the loads' pace), buf zeroed (its padding stays zero)."""
+        from .simd import BLOCK
+        aligned = _numba_side()[2]
+        buf = aligned.empty((self.buf_size,), BLOCK)
+        buf[:] = 0.0
+        return buf, aligned.empty((self.rows_size,), BLOCK)
+
+    def edges(self, nthreads: int) -> tuple[list[int], list[int]]:
+        """(block edges, output row edges) of the chunks for `nthreads`: by blocks while there are at least two
+        per thread, else by output rows."""
+        oh = self.out_shape[2]
+        if nthreads <= 1:
+            return [0, self.blocks], [0, oh]
+        if self.blocks >= 2 * nthreads:
+            return threads.chunk_edges(self.blocks, nthreads, min_chunk=1), [0, oh]
+        return [0, self.blocks], threads.chunk_edges(oh, nthreads, min_chunk=1)
+
+
+def run_blocked(bp: BlockPlan, x: np.ndarray, epilogue=None) -> np.ndarray:
+    """taps2d of x (of bp's input shape) by bp's conv, channel-blocked (conv_kernels.dw_blocks)."""
+    ck, _, aligned = _numba_side()
+    x = np.ascontiguousarray(x)
+    n, c, oh, ow = bp.out_shape
+    y = aligned.empty(bp.out_shape, oh * ow)
+    kedges, gedges = bp.edges(threads.threads_for(n * bp.work))
+    ep = threads.epilogue_fields(epilogue)
+    if len(kedges) == 2 and len(gedges) == 2:
+        buf, rows = bp.scratch()
+        for b in range(n):
+            ck.dw_blocks(x, bp.taps, bp.offsets, bp.where, y, b, 0, bp.blocks, 0, oh, buf, rows, *bp.geometry, *ep)
+        return y
+    with threads.Steps(n * (len(kedges) - 1) * (len(gedges) - 1), True) as steps:
+        write_blocked(steps, bp, x, y, epilogue, kedges, gedges)
+        steps.run()
+    return y
+
+
+def write_blocked(steps: threads.Steps, bp: BlockPlan, x: np.ndarray, y: np.ndarray, epilogue, kedges: list[int],
+                  gedges: list[int]) -> None:
+    """run_blocked's job as steps and chunks of `steps`: a chunk per run of blocks and of output rows, each with
+    its own scratch, every image's planes there."""
+    ck = _numba_side()[0]
+    n = x.shape[0]
+    ep = threads.epilogue_fields(epilogue)
+    steps.keep += (x, bp.taps, bp.offsets, bp.where, y, ep)  # the rows hold only their addresses
+    for k0, k1 in zip(kedges, kedges[1:]):
+        for g0, g1 in zip(gedges, gedges[1:]):
+            buf, rows = bp.scratch()
+            steps.keep += (buf, rows)
+            for b in range(n):
+                if steps.native:
+                    k, ints, floats, r = steps.tables()
+                    k.put_blocked(ints, floats, r, x, bp.taps, bp.offsets, bp.where, y, b, k0, k1, g0, g1, buf, rows,
+                                  *bp.geometry, *ep)
+                    steps.added()
+                else:
+                    steps.added(partial(ck.dw_blocks, x, bp.taps, bp.offsets, bp.where, y, b, k0, k1, g0, g1, buf,
+                                        rows, *bp.geometry, *ep))
+            steps.end_chunk()
+
+
+def prepare_blocked(bp: BlockPlan, epilogue, residual: bool) -> threads.Prepared:
+    """run_blocked of bp's conv as a threads.Prepared job run with (x, y) or, with `residual`, (x, y, residual):
+    split as run_blocked splits, `epilogue` (its residual this call's) on each chunk."""
+    n = bp.shape[0]
+    kedges, gedges = bp.edges(threads.threads_for(n * bp.work))
+
+    def write(steps, arrays):
+        ep = epilogue.with_residual(arrays[2]) if residual else epilogue
+        write_blocked(steps, bp, arrays[0], arrays[1], ep, kedges, gedges)
+
+    chunks = (len(kedges) - 1) * (len(gedges) - 1)
+    return threads.Prepared(n * chunks, write, (bp.shape, bp.out_shape) + ((bp.out_shape,) * residual))

@@ -30,11 +30,11 @@ from .atomics import backoff as _backoff
 from .atomics import load as _load
 from .atomics import store as _store
 from .atomics import swap as _swap
-from .conv_kernels import (bias_act_block, bias_act_rows, direct_rows, fill_phases, row_means, scale_rows,
+from .conv_kernels import (bias_act_block, bias_act_rows, direct_rows, dw_blocks, fill_phases, row_means, scale_rows,
                            tap_planes)
 from .linear import add_columns
-from .pool_layout import (FINISHED, KIND, KIND_NATIVE, NEXT, ROW_BIAS_ACT, ROW_COLUMNS, ROW_DIRECT, ROW_FILL, ROW_GEMM,
-                          ROW_GEMV, ROW_MEANS, ROW_SCALE, ROW_SKINNY, ROW_TAPS, WORKED, YIELD)
+from .pool_layout import (FINISHED, KIND, KIND_NATIVE, NEXT, ROW_BIAS_ACT, ROW_BLOCKED, ROW_COLUMNS, ROW_DIRECT,
+                          ROW_FILL, ROW_GEMM, ROW_GEMV, ROW_MEANS, ROW_SCALE, ROW_SKINNY, ROW_TAPS, WORKED, YIELD)
 from .simd import SKINNY_ROWS, skinny_f32
 
 _I32, _I64, _F32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
@@ -149,6 +149,21 @@ def _run_row(ti, tf, r):  # pragma: no cover - compiled
                    ti[r, 23], ti[r, 24], ti[r, 25], bias, ti[r, 28] != 0, ti[r, 29], np.float32(tf[r, 0]),
                    np.float32(tf[r, 1]), ti[r, 30] != 0, np.float32(tf[r, 2]), ti[r, 31] != 0, np.float32(tf[r, 3]),
                    res, ti[r, 34] != 0)
+    elif kind == ROW_BLOCKED:
+        nb, c, oh, ow = ti[r, 2], ti[r, 3], ti[r, 14], ti[r, 15]
+        x = numba.carray(_f32_at(ti[r, 1]), (nb, c, ti[r, 4], ti[r, 5]))
+        taps = numba.carray(_f32_at(ti[r, 6]), (ti[r, 7], ti[r, 8]))
+        offsets = numba.carray(_i64_at(ti[r, 9]), (ti[r, 10],))
+        where = numba.carray(_i64_at(ti[r, 11]), (ti[r, 12],))
+        y = numba.carray(_f32_at(ti[r, 13]), (nb, c, oh, ow))
+        buf = numba.carray(_f32_at(ti[r, 21]), (ti[r, 22],))
+        out_rows = numba.carray(_f32_at(ti[r, 23]), (ti[r, 24],))
+        bias = numba.carray(_f32_at(ti[r, 31]), (ti[r, 32],))
+        res = numba.carray(_f32_at(ti[r, 37]), (ti[r, 38],))
+        dw_blocks(x, taps, offsets, where, y, ti[r, 16], ti[r, 17], ti[r, 18], ti[r, 19], ti[r, 20], buf, out_rows,
+                  ti[r, 25], ti[r, 26], ti[r, 27], ti[r, 28], ti[r, 29], ti[r, 30], bias, ti[r, 33] != 0, ti[r, 34],
+                  np.float32(tf[r, 0]), np.float32(tf[r, 1]), ti[r, 35] != 0, np.float32(tf[r, 2]), ti[r, 36] != 0,
+                  np.float32(tf[r, 3]), res, ti[r, 39] != 0)
     elif kind == ROW_DIRECT:
         phases = numba.carray(_f32_at(ti[r, 1]), (ti[r, 2], ti[r, 3]))
         w = numba.carray(_f32_at(ti[r, 4]), (ti[r, 5], ti[r, 6]))
@@ -413,6 +428,25 @@ def put_means(ti, tf, r, x, out, width, r0, r1):  # pragma: no cover - compiled
     """Row r: conv_kernels.row_means on rows r0..r1 of flat float32 x (rows of `width`) into out."""
     ti[r, 0], ti[r, 1], ti[r, 2] = ROW_MEANS, x.ctypes.data, out.ctypes.data
     ti[r, 3], ti[r, 4], ti[r, 5] = width, r0, r1
+
+
+@numba.njit(cache=True, nogil=True)
+def put_blocked(ti, tf, r, x, taps, offsets, where, y, n, k0, k1, g0, g1, buf, out_rows, sh, sw, top, wp, reach, band,
+                bias, has_bias, act, alpha, beta, has_lo, lo, has_hi, hi, res, has_res):  # pragma: no cover - compiled
+    """Row r: conv_kernels.dw_blocks(x, taps, offsets, where, y, n, k0, k1, g0, g1, buf, out_rows, sh, sw, top, wp,
+    reach, band, ...) with the epilogue's fields in threads.epilogue_fields' order (act -1: none)."""
+    ti[r, 0], ti[r, 1], ti[r, 2], ti[r, 3] = ROW_BLOCKED, x.ctypes.data, x.shape[0], x.shape[1]
+    ti[r, 4], ti[r, 5], ti[r, 6] = x.shape[2], x.shape[3], taps.ctypes.data
+    ti[r, 7], ti[r, 8] = taps.shape[0], taps.shape[1]
+    ti[r, 9], ti[r, 10], ti[r, 11], ti[r, 12] = offsets.ctypes.data, offsets.size, where.ctypes.data, where.size
+    ti[r, 13], ti[r, 14], ti[r, 15] = y.ctypes.data, y.shape[2], y.shape[3]
+    ti[r, 16], ti[r, 17], ti[r, 18], ti[r, 19], ti[r, 20] = n, k0, k1, g0, g1
+    ti[r, 21], ti[r, 22], ti[r, 23], ti[r, 24] = buf.ctypes.data, buf.size, out_rows.ctypes.data, out_rows.size
+    ti[r, 25], ti[r, 26], ti[r, 27], ti[r, 28], ti[r, 29], ti[r, 30] = sh, sw, top, wp, reach, band
+    ti[r, 31], ti[r, 32], ti[r, 33], ti[r, 34] = bias.ctypes.data, bias.size, has_bias, act
+    ti[r, 35], ti[r, 36] = has_lo, has_hi
+    ti[r, 37], ti[r, 38], ti[r, 39] = res.ctypes.data, res.size, has_res
+    tf[r, 0], tf[r, 1], tf[r, 2], tf[r, 3] = alpha, beta, lo, hi
 
 
 @numba.njit(cache=True, nogil=True)

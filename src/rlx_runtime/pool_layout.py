@@ -10,7 +10,7 @@ YIELD, CTRL_SIZE = 32, 40  # YIELD: idle workers stop polling (a numba parallel 
 KIND_NATIVE, KIND_PYTHON, KIND_CLOSED = 0, 1, 2
 # table rows: column 0 is the kind; the columns of each, then its floats
 ROW_GEMM, ROW_GEMV, ROW_BIAS_ACT, ROW_TAPS, ROW_SKINNY, ROW_DIRECT, ROW_FILL, ROW_COLUMNS = 1, 2, 3, 4, 5, 6, 7, 8
-ROW_SCALE, ROW_MEANS = 9, 10
+ROW_SCALE, ROW_MEANS, ROW_BLOCKED = 9, 10, 11
 INT_COLUMNS, FLOAT_COLUMNS = 40, 4
 # ROW_GEMM: fn, wide, order, transa, transb, m, n, k, a, lda, b, ldb, c, ldc | alpha, beta
 # ROW_GEMV: fn, wide, order, trans, m, n, a, lda, x, incx, y, incy | alpha, beta
@@ -31,3 +31,6 @@ INT_COLUMNS, FLOAT_COLUMNS = 40, 4
 #   bias per column, then its residual)
 # ROW_SCALE: big, small, out, width, r0, r1 (conv_kernels.scale_rows on rows r0..r1: a squeeze-excite block's scale)
 # ROW_MEANS: x, out, width, r0, r1 (conv_kernels.row_means on rows r0..r1: GlobalAveragePool)
+# ROW_BLOCKED: x, N, C, H, W, taps, blocks, T x BLOCK, offsets, T, where, H x W, y, OH, OW, n, k0, k1, g0, g1, buf,
+#   buf size, out_rows, out_rows size, sh, sw, top, wp, reach, band, bias, nbias, has_bias, act, has_lo, has_hi,
+#   res, nres, has_res | alpha, beta, lo, hi (conv_kernels.dw_blocks; act -1: no epilogue)

@@ -421,6 +421,129 @@ def tap_rows_f32(typingctx, dst, at, pitch, src, start, src_pitch, rows, count, 
     return types.void(dst, at, pitch, src, start, src_pitch, rows, count, weights, offsets), codegen
 
 
+BLOCK = 16  # channels per block of the channel-blocked depthwise kernel (one AVX-512 vector of float32)
+BLOCK_TILE = 8  # output pixels whose tap sums taps16_f32 runs side by side (each its own fma chain)
+_V16 = ir.VectorType(_F32, BLOCK)
+
+
+def _transpose16(builder, rows: list) -> list:
+    """The 16x16 transpose of 16 vectors of 16 lanes (rows[i][j] -> out[j][i]) in 4 rounds of 16 two-source
+    shuffles: round k swaps bit k of the row index with bit k of the lane index."""
+    for k in range(4):
+        d = 1 << k
+        lo = ir.Constant(ir.VectorType(_I32, BLOCK), [c if not c & d else BLOCK + (c ^ d) for c in range(BLOCK)])
+        hi = ir.Constant(ir.VectorType(_I32, BLOCK), [c | d if not c & d else BLOCK + c for c in range(BLOCK)])
+        new = list(rows)
+        for i in range(BLOCK):
+            if not i & d:
+                new[i] = builder.shuffle_vector(rows[i], rows[i | d], lo)
+                new[i | d] = builder.shuffle_vector(rows[i], rows[i | d], hi)
+        rows = new
+    return rows
+
+
+def _transpose16_codegen(scattered: bool):
+    """transpose16_f32's code (column j stored at at + j * pitch) or transpose16_to_f32's (at at + where[w_at + j])."""
+    def codegen(context, builder, sig, args):
+        dp = _data(context, builder, sig.args[0], args[0]).data
+        if scattered:
+            wh = _data(context, builder, sig.args[2], args[2]).data
+            rest = args[3:]
+        else:
+            rest = args[2:]
+        ints = [builder.sext(v, _I64) if v.type.width < 64 else v for v in (args[1], rest[0])]
+        at_, step_ = ints
+        sp = _data(context, builder, sig.args[len(args) - len(rest) + 1], rest[1]).data
+        start_, spitch_, rows_, cols_ = (builder.sext(v, _I64) if v.type.width < 64 else v for v in rest[2:])
+        none = ir.Constant(ir.VectorType(ir.IntType(1), BLOCK), None)
+        col_mask, row_mask = _first_lanes(builder, cols_, BLOCK), _first_lanes(builder, rows_, BLOCK)
+        loaded = []
+        for i in range(BLOCK):  # a row past `rows`: an empty mask, nothing read, zeros
+            live = builder.icmp_signed("<", ir.Constant(_I64, i), rows_)
+            ptr = builder.gep(sp, [builder.add(start_, builder.mul(ir.Constant(_I64, i), spitch_))])
+            loaded.append(_masked(builder, "load", _V16, ptr, builder.select(live, col_mask, none)))
+        for j, v in enumerate(_transpose16(builder, loaded)):
+            live = builder.icmp_signed("<", ir.Constant(_I64, j), cols_)
+            if scattered:  # where[w_at + j] read only for a live column (in bounds)
+                k = builder.select(live, builder.add(step_, ir.Constant(_I64, j)), step_)
+                to = builder.add(at_, builder.load(builder.gep(wh, [k])))
+            else:
+                to = builder.add(at_, builder.mul(ir.Constant(_I64, j), step_))
+            _masked(builder, "store", _V16, builder.gep(dp, [to]), builder.select(live, row_mask, none), v)
+        return context.get_dummy_value()
+    return codegen
+
+
+@intrinsic
+def transpose16_f32(typingctx, dst, at, pitch, src, start, src_pitch, rows, cols):
+    """dst[at + j * pitch + i] = src[start + i * src_pitch + j] for i < rows and j < cols (both at most 16): a
+    16x16 tile transposed in registers (nothing read or written outside those elements). The channel-blocked
+    depthwise kernel's way from (pixel, 16 channels) vectors back to (channels, pixels) rows
+    (conv_kernels.dw_blocks): 64 shuffles per tile, where element-wise copies took a load and a store each."""
+    ints = all(isinstance(v, types.Integer) for v in (at, pitch, start, src_pitch, rows, cols))
+    if not (_is_f32(dst) and _is_f32(src) and ints):
+        return None
+    return types.void(dst, at, pitch, src, start, src_pitch, rows, cols), _transpose16_codegen(False)
+
+
+@intrinsic
+def transpose16_to_f32(typingctx, dst, at, where, w_at, src, start, src_pitch, rows, cols):
+    """transpose16_f32 with column j's vector stored at dst[at + where[w_at + j]] instead (each its own place): a
+    plane's pixels, 16 in a row of the flat plane, into the rows of a zero-padded buffer."""
+    ints = all(isinstance(v, types.Integer) for v in (at, w_at, start, src_pitch, rows, cols))
+    if not (_is_f32(dst) and _is_i64(where) and _is_f32(src) and ints):
+        return None
+    return types.void(dst, at, where, w_at, src, start, src_pitch, rows, cols), _transpose16_codegen(True)
+
+
+@intrinsic
+def taps16_f32(typingctx, dst, at, src, start, step, count, weights, w_at, offsets):
+    """dst[at + 16 * p + l] = sum over t of weights[w_at + 16 * t + l] * src[start + step * p + offsets[t] + l] for
+    p < count and l < 16: `count` output pixels of 16 channels of a channel-blocked depthwise conv, each lane's taps
+    summed in order from 0.0, each added by fma (tap_rows_f32's order and rounding: the same bits), BLOCK_TILE
+    pixels side by side (one load of a tap's 16 weights feeds each of their fma chains)."""
+    ints = all(isinstance(v, types.Integer) for v in (at, start, step, count, w_at))
+    if not (_is_f32(dst) and _is_f32(src) and ints and _is_f32(weights) and _is_i64(offsets)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        dp = _data(context, builder, sig.args[0], args[0]).data
+        sp = _data(context, builder, sig.args[2], args[2]).data
+        at_, start_, step_, n, wat_ = (builder.sext(args[i], _I64) if args[i].type.width < 64 else args[i]
+                                       for i in (1, 3, 4, 5, 7))
+        wp = _data(context, builder, sig.args[6], args[6]).data
+        offs = _data(context, builder, sig.args[8], args[8])
+        op, ntaps = offs.data, cgutils.unpack_tuple(builder, offs.shape)[0]
+
+        def pixels(first, count):
+            """pixels first .. first + count - 1 (count a Python int)"""
+            src_at = [builder.add(start_, builder.mul(builder.add(first, ir.Constant(_I64, j)), step_))
+                      for j in range(count)]
+
+            def tap(t, accs):
+                w = _load_vec(builder, wp, builder.add(wat_, builder.mul(t, ir.Constant(_I64, BLOCK))), _V16)
+                off = builder.load(builder.gep(op, [t]))
+                return [_fma(builder, w, _load_vec(builder, sp, builder.add(pos, off), _V16), acc)
+                        for pos, acc in zip(src_at, accs)]
+
+            accs = _block_loop(builder, ir.Constant(_I64, 0), ntaps, [ir.Constant(_V16, None)] * count, tap)
+            for j, v in enumerate(accs):
+                pix = builder.add(first, ir.Constant(_I64, j))
+                _store_vec(builder, v, dp, builder.add(at_, builder.mul(pix, ir.Constant(_I64, BLOCK))))
+
+        groups = builder.sdiv(n, ir.Constant(_I64, BLOCK_TILE))
+        _block_loop(builder, ir.Constant(_I64, 0), groups, [],
+                    lambda g, state: pixels(_offset(builder, g, BLOCK_TILE), BLOCK_TILE) or [])
+        done = builder.mul(groups, ir.Constant(_I64, BLOCK_TILE))
+        rest = builder.sub(n, done)
+        for count in range(1, BLOCK_TILE):
+            with builder.if_then(builder.icmp_signed("==", rest, ir.Constant(_I64, count))):
+                pixels(done, count)
+        return context.get_dummy_value()
+
+    return types.void(dst, at, src, start, step, count, weights, w_at, offsets), codegen
+
+
 SKINNY_ROWS = 8  # rows of x that skinny_f32 and gather_f32 take per call
 
 

@@ -228,11 +228,11 @@ def _conv_path(a, shape: tuple, dtype, w: np.ndarray, epilogue, bound: bool = Fa
     """The CPU path of a conv of inputs of `shape` and `dtype` with weights w and `epilogue` (the choice reads its
     kind and whether it has a residual): fn(x, epilogue) -> y without the bias unless the epilogue adds it.
     Pointwise 2-D convs: the input is the column matrix (a squeeze-excite block's 1x1-pixel ones one pixel_conv);
-    depthwise convs by a numba kernel (conv_taps.py); dense 2-D convs direct (conv_direct.py) or, stride 1 with
-    large im2col columns, as shifted-view GEMMs; else im2col and a GEMM. bound: for a bound kernel, with what does
-    not depend on x's values derived now (a pointwise, depthwise or direct conv's job: threads.Prepared); None for the
-    GEMM paths of dense convs (they run long enough that per-call set-up costs little, and whether the shifted
-    path pays depends on the thread count)."""
+    depthwise convs by a numba kernel (conv_taps.py: channel-blocked, or on stride phases); dense 2-D convs direct
+    (conv_direct.py) or, stride 1 with large im2col columns, as shifted-view GEMMs; else im2col and a GEMM. bound:
+    for a bound kernel, with what does not depend on x's values derived now (a pointwise, depthwise or direct conv's
+    job: threads.Prepared); None for the GEMM paths of dense convs (they run long enough that per-call set-up costs
+    little, and whether the shifted path pays depends on the thread count)."""
     if len(shape) == 4:
         n, c, h, wd = shape
         o = w.shape[0]
@@ -253,6 +253,12 @@ def _conv_path(a, shape: tuple, dtype, w: np.ndarray, epilogue, bound: bool = Fa
         out_sp = [window_count(shape[2 + i], w.shape[2 + i], strides[i], dil[i], pads[i], pads[i + 2])
                   for i in range(2)]
         if conv_taps.use_depthwise(shape, dtype, w, a["group"]):
+            if conv_taps.use_blocked(w.shape, strides, out_sp):
+                bp = conv_taps.BlockPlan(shape, w, strides, dil, pads, out_sp)
+                if bound:
+                    return _prepared(lambda res: conv_taps.prepare_blocked(bp, epilogue, res), bp.out_shape,
+                                     epilogue, lambda x, ep: conv_taps.run_blocked(bp, x, ep))
+                return lambda x, ep: conv_taps.run_blocked(bp, x, ep)
             tp = conv_taps.TapPlan(shape, w, strides, dil, pads, out_sp)
             if bound:
                 return _prepared(lambda res: conv_taps.prepare_taps(tp, epilogue, res), tp.out_shape, epilogue,
