@@ -551,7 +551,11 @@ def test_skinny_pointwise_clip_and_hard_swish_epilogues(pointwise_calls, monkeyp
 
 @pytest.mark.parametrize("xs,o,dtype,grouped,taken", [
     ((1, 24, 16, 16), 144, np.float32, False, True),
-    ((1, 24, 14, 14), 144, np.float32, False, False),  # fewer pixels than MIN_PIXELS: the BLAS
+    ((1, 24, 14, 14), 144, np.float32, False, True),
+    ((1, 96, 7, 7), 576, np.float32, False, True),  # MobileNetV3's last blocks
+    ((1, 96, 6, 8), 576, np.float32, False, False),  # fewer pixels than MIN_PIXELS: the BLAS
+    ((1, 256, 14, 14), 1024, np.float32, False, False),  # a small plane's large weight matrix: the BLAS
+    ((1, 256, 16, 16), 1024, np.float32, False, True),
     ((1, 1152, 28, 28), 192, np.float32, False, True),
     ((1, 1153, 28, 28), 192, np.float32, False, False),  # more input channels than MAX_CHANNELS: the BLAS
     ((1, 144, 1, 1), 576, np.float32, False, False),  # a squeeze-excite conv: too few outputs

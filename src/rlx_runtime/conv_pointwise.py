@@ -7,7 +7,7 @@ MobileNet/EfficientNet blocks. skinny_f32 streams X's rows in 32-pixel vectors, 
 into 8 output channels' accumulators (the weights broadcast from W), and masks the last vector. Measured at 1
 thread against OpenBLAS's SkylakeX kernels (Zen 5): 16->72 at 56x56 47 -> 32 us, 24->144 at 56x56 122 -> 93 us,
 64->255 at 40x40 255 -> 220 us; on Rocket Lake 144 channels from 24 at 56x56 0.82x, 96 from 16 at 112x112 0.87x
-the BLAS's time. Small planes (MIN_PIXELS) go to the BLAS: the masked vector there is most of a row. The
+the BLAS's time. Planes under MIN_PIXELS go to the BLAS: the masked vector there is most of a row. The
 epilogue's pass over the output, separate after a BLAS GEMM, then reads rows still in L1/L2.
 
 Each output is its products added by fma in order of the input channel from 0.0 (the same bits on every CPU);
@@ -28,11 +28,15 @@ MAX_CHANNELS = 1152
 # and outputs (channels x pixels) above this many: a squeeze-excite block's 1x1-pixel convs go through the
 # unfused kernels (kernels/nn.py TINY_OUTPUT), where one BLAS call has the least Python around it
 MIN_OUTPUTS = 4096
-# and planes of at least this many pixels: on a 7x7 or 14x14 plane the last 32-pixel vector of each row is mostly
-# masked off (49 pixels: 64 lanes' work), where OpenBLAS's kernels lose little. Whole forwards, A/B in one process
-# (Rocket Lake), BLAS below 256 pixels against skinny_f32 everywhere: EfficientNet-B0 0.96 / 0.985x the time at 1 / 2
-# threads, ResNet-50 0.95 / 0.94x, MobileNetV3-small 0.99 / 1.02x; below 1024 pixels no better than 256
-MIN_PIXELS = 256
+# and planes of at least this many pixels (7x7: the smallest measured). Below, the masked last 32-pixel vector is most
+# of each row and the BLAS takes them. Planes under SMALL_PLANE pixels (7x7 and 14x14, whose last vector is 17 or 4
+# of 32 lanes) all went to the BLAS too until session 21, when, with the prepared jobs and the fused epilogue, this
+# kernel measured faster there for weight matrices under SMALL_PLANE_WEIGHTS: whole forwards, A/B in one process
+# (Rocket Lake) at 1 / 2 threads, MobileNetV3-small 0.917x / 0.877x the time, EfficientNet-B0 0.973x / 0.923x (a
+# 576x96 conv at 49 pixels hot, 1 thread: 44 us alone against the BLAS's 52 and its epilogue pass). ResNet-50's
+# 1024x256 ones at 14x14 stay with the BLAS (hot, 1 thread: 686 us against 770; 2048x512 at 7x7 level)
+MIN_PIXELS = 49
+SMALL_PLANE, SMALL_PLANE_WEIGHTS = 256, 1 << 18
 
 
 @functools.cache
@@ -46,9 +50,12 @@ def _numba_side() -> tuple:
 def use_pointwise(shape: tuple, dtype, w: np.ndarray, epilogue) -> bool:
     """For a pointwise 2-D conv (the caller checked its attrs) of float32 inputs of `shape` (n, c, h, w) and w
     (o, c, 1, 1), with `epilogue` None or a one-group conv_kernels.BiasActivation: at most MAX_CHANNELS input
-    channels, more than MIN_OUTPUTS outputs per image, at least MIN_PIXELS pixels."""
+    channels, more than MIN_OUTPUTS outputs per image, at least MIN_PIXELS pixels, and on planes under SMALL_PLANE
+    pixels fewer than SMALL_PLANE_WEIGHTS weights."""
+    pixels = shape[2] * shape[3]
     return (dtype == np.float32 and w.dtype == np.float32 and shape[1] <= MAX_CHANNELS
-            and w.shape[0] * shape[2] * shape[3] > MIN_OUTPUTS and shape[2] * shape[3] >= MIN_PIXELS
+            and w.shape[0] * pixels > MIN_OUTPUTS and pixels >= MIN_PIXELS
+            and (pixels >= SMALL_PLANE or w.shape[0] * shape[1] < SMALL_PLANE_WEIGHTS)
             and (epilogue is None or getattr(epilogue, "flags", (0,))[0] == 1))
 
 
