@@ -47,7 +47,11 @@ from .pool_layout import (CTRL_SIZE, FINISHED, FLOAT_COLUMNS, INT_COLUMNS, KIND_
 from .thread_local import before_parallel
 from .thread_local import state as _local
 
-_MIN_SPLIT_WORK = 1 << 21  # multiply-adds below which one call beats the split (a few tens of us)
+# multiply-adds below which one call beats the split (~10 us of work). 2^21 until session 21; since the prepared
+# jobs (a split costs ~3-8 us) 2^19 measured, whole forwards at 2 threads, A/B in one process (Rocket Lake): YOLO-like
+# 0.92-0.93x the time, ResNet-50 0.976x, MobileNetV3-small 0.98x, EfficientNet-B0, GPT-2 step, LSTM, MiniLM
+# 0.99-1.01x (2^20 and 2^18 about the same)
+_MIN_SPLIT_WORK = 1 << 19
 _MIN_CHUNK = 16            # rows or columns per chunk
 
 _lock = threading.Lock()
@@ -196,8 +200,7 @@ def threads_in_use() -> int:
 
 def threads_for(work: int) -> int:
     """Threads worth splitting `work` multiply-adds over: 1 below _MIN_SPLIT_WORK (waking a worker costs more).
-    The same for a Prepared job, whose hand-off costs less: splitting from 2^17 - 2^20 instead measured level
-    (whole forwards at 2 threads, MobileNetV3-small, EfficientNet-B0, YOLO-like: 0.995-1.003x)."""
+    The same for a Prepared job, whose hand-off costs less."""
     return threads_in_use() if work >= _MIN_SPLIT_WORK else 1
 
 
