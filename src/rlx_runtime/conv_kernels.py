@@ -387,8 +387,11 @@ def im2col_2d(x, cols, sh, sw, dh, dw, top, left, hp, wp):  # pragma: no cover -
 # thread reading all the channels that the split depthwise conv before wrote took 1.3x as long at 2 threads as at
 # 1 (EfficientNet-B0's scales and means: 0.79 -> 1.04 ms). A/B at 2 threads, whole forwards: EfficientNet-B0
 # 0.95-0.96x the time, MobileNetV3-small level (from 256 K elements 0.96-0.99x, from 64 K 0.96x / 1.0-1.01x; as
-# Python jobs, whose GIL hand-offs cost more than the split saved, 1.05-1.16x)
-STREAM_COST = 16
+# Python jobs, whose GIL hand-offs cost more than the split saved, 1.05-1.16x). Scaled to threads._MIN_SPLIT_WORK
+# (2^19 since session 21) so that the split still starts at 128 K elements: from 32 K it was slower (MobileNetV3-
+# small's small squeeze-excite means at 2 threads 18 -> 32 us; whole forwards A/B 128 K against 32 K: 0.953x,
+# EfficientNet-B0 level; 256 K 0.98x, 64 K 0.97x / 0.99x)
+STREAM_COST = 4
 
 
 # error_model="numpy": no exception branch, so the row loop vectorizes
