@@ -28,7 +28,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:Runtim
 CONVS = [
     ((1, 24, 20, 20), (72, 24, 1, 1), {}),  # pointwise, the skinny kernel (>= 256 pixels)
     ((2, 16, 18, 18), (40, 16, 1, 1), {}),  # pointwise, two images
-    ((1, 96, 7, 7), (160, 96, 1, 1), {}),  # pointwise, a small plane: the BLAS GEMM and its epilogue
+    ((1, 96, 7, 7), (160, 96, 1, 1), {}),  # pointwise, a small plane: the skinny kernel (a small weight matrix)
+    ((1, 256, 7, 7), (1024, 256, 1, 1), {}),  # pointwise, a small plane's large weight matrix: the BLAS GEMM
     ((1, 32, 1, 1), (8, 32, 1, 1), {}),  # a squeeze-excite 1x1-pixel conv: pixel_conv
     ((1, 16, 1, 1), (5000, 16, 1, 1), {}),  # a 1x1-pixel conv of more than TINY_OUTPUT outputs: pixel_conv too
     ((1, 40, 14, 14), (40, 1, 5, 5), {"group": 40, "pads": [2, 2, 2, 2]}),  # depthwise
@@ -148,7 +149,7 @@ def test_bound_residual_conv_gives_the_kernels_values(xs, ws, attrs, threads, mo
     assert _bound_steps(bound) == ([] if tiny else ["FusedConv"])
 
 
-@pytest.mark.parametrize("xs,ws,attrs", [CONVS[0], CONVS[2], CONVS[3], CONVS[5], CONVS[7]], ids=lambda v: str(v))
+@pytest.mark.parametrize("xs,ws,attrs", [CONVS[0], CONVS[2], CONVS[3], CONVS[4], CONVS[6], CONVS[8]], ids=lambda v: str(v))
 def test_other_input_shapes_go_to_the_kernel(xs, ws, attrs, monkeypatch):
     """Bound at batch 1, the step is called at batch 2, then 1 again: every result is the kernel's."""
     g = _conv_graph((1, *xs[1:]), ws, attrs, ("HardSwish", {}), batch="n")
@@ -319,7 +320,7 @@ def test_a_bound_conv_runs_its_prepared_job_from_its_second_call(threads, monkey
     ran = []
     real = rlx_threads.Prepared.run
     monkeypatch.setattr(rlx_threads.Prepared, "run", lambda self, *a: ran.append(real(self, *a)) or ran[-1])
-    for xs, ws, attrs in (CONVS[0], CONVS[5], CONVS[8]):  # pointwise, depthwise, direct
+    for xs, ws, attrs in (CONVS[0], CONVS[6], CONVS[9]):  # pointwise, depthwise, direct
         g = _conv_graph(xs, ws, attrs, ("Relu", {}))
         bound, ref = _compiled(g, monkeypatch, True), _compiled(g, monkeypatch, False)
         x = RNG.standard_normal(xs).astype(np.float32)
