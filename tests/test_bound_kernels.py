@@ -149,7 +149,7 @@ def test_bound_residual_conv_gives_the_kernels_values(xs, ws, attrs, threads, mo
     assert _bound_steps(bound) == ([] if tiny else ["FusedConv"])
 
 
-@pytest.mark.parametrize("xs,ws,attrs", [CONVS[0], CONVS[2], CONVS[3], CONVS[4], CONVS[6], CONVS[8]], ids=lambda v: str(v))
+@pytest.mark.parametrize("xs,ws,attrs", [CONVS[i] for i in (0, 2, 3, 4, 6, 8)], ids=lambda v: str(v))
 def test_other_input_shapes_go_to_the_kernel(xs, ws, attrs, monkeypatch):
     """Bound at batch 1, the step is called at batch 2, then 1 again: every result is the kernel's."""
     g = _conv_graph((1, *xs[1:]), ws, attrs, ("HardSwish", {}), batch="n")
@@ -332,3 +332,27 @@ def test_a_bound_conv_runs_its_prepared_job_from_its_second_call(threads, monkey
             for _ in range(2):
                 _same(bound.run({"x": x}), want)
             assert ran and all(ran), (xs, ws)  # a direct conv's job is two (its fill and its rows): one call each
+
+
+@pytest.mark.parametrize("threads", [1, "2-split"])
+@pytest.mark.parametrize("scale_first", [False, True])
+def test_bound_squeeze_excite_means_and_scale_give_the_kernels_values(scale_first, threads, monkeypatch):
+    """A squeeze-excite block's GlobalAveragePool and scale Mul, bound (their row width and operand roles decided
+    once), give the registered kernels' bits (NaN and Inf inputs too), split over two threads or not; at another
+    batch or height the steps go to the kernels."""
+    g = GraphBuilder("se")
+    x = g.input("x", "f32", ["n", 24, "h", 11])
+    m = g.op("GlobalAveragePool", x, name="gap")
+    s = g.op("Sigmoid", m, name="gate")
+    g.output(g.op("Mul", *((s, x) if scale_first else (x, s)), name="scale"))
+    graph = g.build()
+    bound, ref = _compiled(graph, monkeypatch, True), _compiled(graph, monkeypatch, False)
+    with threadpool_limits(_threads(threads, monkeypatch), "blas"):
+        for batch, h in ((1, 9), (1, 9), (2, 9), (1, 7), (1, 9)):
+            v = RNG.standard_normal((batch, 24, h, 11)).astype(np.float32)
+            v.reshape(-1)[::53] = np.nan
+            v.reshape(-1)[7::61] = np.inf
+            got, want = bound.run({"x": v}), ref.run({"x": v})
+            for k in got:
+                np.testing.assert_array_equal(got[k].view(np.uint32), want[k].view(np.uint32))
+    assert sorted(_bound_steps(bound)) == ["GlobalAveragePool", "Mul"]

@@ -661,12 +661,32 @@ def _gap_cpu(xp, a, x):
     CPU; numpy's pairwise sum sums in another order), divided by the count as np.mean does."""
     if x.dtype != np.float32 or x.ndim < 3 or x.size == 0 or not _numba_loaded():
         return _gap(xp, a, x)
+    return _channel_means(x, math.prod(x.shape[2:]))
+
+
+def _channel_means(x: np.ndarray, w: int) -> np.ndarray:
+    """_gap_cpu's numba path: the means of x's rows of w, shaped (N, C, 1, ...), split as a stream."""
     out = np.empty(x.shape[:2] + (1,) * (x.ndim - 2), np.float32)
-    flat, means, w = np.ascontiguousarray(x).reshape(-1), out.reshape(-1), math.prod(x.shape[2:])
+    flat, means = np.ascontiguousarray(x).reshape(-1), out.reshape(-1)
     row_means = _conv_kernels().row_means
     threads.stream_rows("put_means", means.size, flat.size * _conv_kernels().STREAM_COST, (flat, means), w,
                         lambda r0, r1: row_means(flat[r0 * w:r1 * w], means[r0:r1], w))
     return out
+
+
+@binder("GlobalAveragePool", backend="cpu")
+def _bind_gap(a, x):
+    """A float32 GlobalAveragePool step bound to its input's shape (once numba is loaded): the checks and the row
+    width decided once. Other calls go to the kernel."""
+    if not (_numba_loaded() and isinstance(x, np.ndarray) and x.dtype == np.float32 and x.ndim >= 3 and x.size):
+        return None
+    shape, w = x.shape, math.prod(x.shape[2:])
+
+    def step(xp, attrs, x):
+        if x.shape != shape or x.dtype != np.float32:
+            return _gap_cpu(xp, attrs, x)
+        return _channel_means(x, w)
+    return step
 
 
 @kernel("BatchNormalization")
