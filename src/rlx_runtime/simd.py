@@ -351,6 +351,18 @@ def _is_i64(t) -> bool:
     return isinstance(t, types.Array) and t.ndim == 1 and t.layout == "C" and t.dtype == types.int64
 
 
+def _in_tiles(builder, n, tile: int, body) -> None:
+    """body(first, tile) for each whole tile of n items (first an i64, from 0), then body(done, rest) once for the
+    rest (a Python int 1 .. tile - 1, each its own unrolled code)."""
+    groups = builder.sdiv(n, ir.Constant(_I64, tile))
+    _block_loop(builder, ir.Constant(_I64, 0), groups, [], lambda g, state: body(_offset(builder, g, tile), tile) or [])
+    done = builder.mul(groups, ir.Constant(_I64, tile))
+    rest = builder.sub(n, done)
+    for count in range(1, tile):
+        with builder.if_then(builder.icmp_signed("==", rest, ir.Constant(_I64, count))):
+            body(done, count)
+
+
 @intrinsic
 def tap_rows_f32(typingctx, dst, at, pitch, src, start, src_pitch, rows, count, weights, offsets):
     """dst[at + r * pitch + i] = sum over t of weights[t] * src[start + r * src_pitch + offsets[t] + i], for r < rows
@@ -408,14 +420,7 @@ def tap_rows_f32(typingctx, dst, at, pitch, src, start, src_pitch, rows, count, 
                 vector(first, count, builder.mul(whole, ir.Constant(_I64, LANES)),
                        _first_lanes(builder, tail, LANES))
 
-        groups = builder.sdiv(rows_, ir.Constant(_I64, TAP_CHAINS))
-        _block_loop(builder, ir.Constant(_I64, 0), groups, [],
-                    lambda g, state: rows_from(_offset(builder, g, TAP_CHAINS), TAP_CHAINS) or [])
-        done = builder.mul(groups, ir.Constant(_I64, TAP_CHAINS))
-        rest = builder.sub(rows_, done)
-        for count in range(1, TAP_CHAINS):
-            with builder.if_then(builder.icmp_signed("==", rest, ir.Constant(_I64, count))):
-                rows_from(done, count)
+        _in_tiles(builder, rows_, TAP_CHAINS, rows_from)
         return context.get_dummy_value()
 
     return types.void(dst, at, pitch, src, start, src_pitch, rows, count, weights, offsets), codegen
@@ -531,14 +536,7 @@ def taps16_f32(typingctx, dst, at, src, start, step, count, weights, w_at, offse
                 pix = builder.add(first, ir.Constant(_I64, j))
                 _store_vec(builder, v, dp, builder.add(at_, builder.mul(pix, ir.Constant(_I64, BLOCK))))
 
-        groups = builder.sdiv(n, ir.Constant(_I64, BLOCK_TILE))
-        _block_loop(builder, ir.Constant(_I64, 0), groups, [],
-                    lambda g, state: pixels(_offset(builder, g, BLOCK_TILE), BLOCK_TILE) or [])
-        done = builder.mul(groups, ir.Constant(_I64, BLOCK_TILE))
-        rest = builder.sub(n, done)
-        for count in range(1, BLOCK_TILE):
-            with builder.if_then(builder.icmp_signed("==", rest, ir.Constant(_I64, count))):
-                pixels(done, count)
+        _in_tiles(builder, n, BLOCK_TILE, pixels)
         return context.get_dummy_value()
 
     return types.void(dst, at, src, start, step, count, weights, w_at, offsets), codegen
