@@ -714,7 +714,8 @@ def test_the_blocked_depthwise_kernel_splits_by_blocks_or_rows_with_the_same_bit
 
 @pytest.mark.parametrize("k,strides,ow,avx512,taken", [
     ((5, 5), (1, 1), 56, True, True),  # 25 taps
-    ((3, 3), (2, 2), 56, True, True),  # strided: no phase fill
+    ((3, 3), (2, 2), 14, True, True),  # strided to narrow rows
+    ((3, 3), (2, 2), 56, True, False),  # strided to wide rows: the phase kernel too (strides do not matter)
     ((3, 3), (1, 1), 14, True, True),  # rows narrower than MIN_ROW_WIDTH: the phase kernel's grid
     ((3, 3), (1, 1), 28, True, False),  # the phase kernel straight into the output
     ((3, 3), (1, 1), 112, True, False),
@@ -723,7 +724,7 @@ def test_the_blocked_depthwise_kernel_splits_by_blocks_or_rows_with_the_same_bit
 def test_which_depthwise_convs_take_the_blocked_kernel(k, strides, ow, avx512, taken, monkeypatch):
     from rlx_runtime import simd
     monkeypatch.setattr(simd, "AVX512", avx512)
-    assert conv_taps.use_blocked((8, 1, *k), strides, (ow, ow)) is taken
+    assert conv_taps.use_blocked((8, 1, *k), (ow, ow)) is taken
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")

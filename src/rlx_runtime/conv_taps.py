@@ -28,18 +28,19 @@ def use_depthwise(shape: tuple, dtype, w: np.ndarray, group: int) -> bool:
             and group == shape[1] == w.shape[0] and w.shape[1] == 1)
 
 
-def use_blocked(w_shape: tuple, strides, out_sp) -> bool:
+def use_blocked(w_shape: tuple, out_sp) -> bool:
     """Whether a depthwise conv (use_depthwise) takes the channel-blocked kernel (BlockPlan) rather than the
-    stride-phase one (TapPlan): on AVX-512 (where it was measured), unless it has at most 9 taps, stride 1 and
-    output rows of conv_kernels.MIN_ROW_WIDTH or more, which the phase kernel computes straight into the output
-    without a fill (its two transposes per element cost as much as 9 taps there). Measured per conv at 1 thread
-    (Rocket Lake), blocked against phases: 5x5 0.39-0.85x (stride 2 and 7x7 / 14x14 planes least), 3x3 on 14x14
-    0.86x, 3x3 / 2 from 112x112 0.77x; 3x3 / 1 at 56x56 and 112x112 1.12-1.16x, at 28x28 1.07x. Both give the
-    same bits."""
+    stride-phase one (TapPlan): on AVX-512 (where it was measured), unless it has at most 9 taps and output rows of
+    conv_kernels.MIN_ROW_WIDTH or more (the phase kernel computes those rows straight into the output; the blocked
+    one's two transposes per element, four input pixels per output at stride 2, cost as much as 9 taps there).
+    Measured per conv at 1 thread (Rocket Lake), blocked against phases: 5x5 0.39-0.85x (stride 2 and 7x7 / 14x14
+    planes least), 3x3 on 14x14 0.86x, 3x3/2 to 14x14 0.62x; 3x3/1 at 28x28-112x112 1.07-1.16x, 3x3/2 from 112x112
+    with 16 channels 1.11x, from 56x56 with 72 1.07x (with 96 from 112x112, 4.8 MB, 0.77x). Whole forwards with
+    3x3/2 convs to rows of 28 and more on the phase kernel: MobileNetV3-small 0.98x / 0.98-0.99x at 1 / 2 threads,
+    YOLO-like 0.99x, EfficientNet-B0 level. Both give the same bits."""
     from .conv_kernels import MIN_ROW_WIDTH
     from .simd import AVX512
-    few_taps = w_shape[2] * w_shape[3] <= 9 and tuple(strides) == (1, 1) and out_sp[1] >= MIN_ROW_WIDTH
-    return AVX512 and not few_taps
+    return AVX512 and not (w_shape[2] * w_shape[3] <= 9 and out_sp[1] >= MIN_ROW_WIDTH)
 
 
 @functools.cache
