@@ -226,7 +226,6 @@ def tap_planes(x, phases, taps, offsets, y, n, c0, c1, grid, wq, sh, sw, top, le
             done = c + 1
 
 
-
 # Channel-blocked depthwise convs (conv_taps.BlockPlan): BLOCK channels at a time are transposed (in registers,
 # 16x16 tiles) into a zero-padded buffer of (row, column, BLOCK channels) vectors, band by band of output rows;
 # each output pixel's BLOCK channels are then one vector, its taps one fma each with a vector of the BLOCK

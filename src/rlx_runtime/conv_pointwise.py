@@ -108,10 +108,5 @@ def prepare_pointwise(w: np.ndarray, shape: tuple, epilogue, residual: bool) -> 
     n, c, p = shape
     o = w.shape[0]
     nthreads = threads.threads_for(n * o * c * p)
-
-    def write(steps, arrays):
-        ep = epilogue.with_residual(arrays[2]) if residual else epilogue
-        write_pointwise(steps, w, arrays[0], arrays[1], ep, nthreads)
-
-    shapes = (shape, (n, o, p)) + (((n, o, p),) if residual else ())
-    return threads.Prepared(n * nthreads, write, shapes)
+    return threads.prepared_conv(n * nthreads, lambda steps, x, y, ep: write_pointwise(steps, w, x, y, ep, nthreads),
+                                 epilogue, residual, shape, (n, o, p))

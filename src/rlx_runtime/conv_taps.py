@@ -154,11 +154,8 @@ def prepare_taps(tp: TapPlan, epilogue, residual: bool) -> threads.Prepared:
     n, c = tp.shape[:2]
     edges = threads.chunk_edges(c, threads.threads_for(n * tp.work), min_chunk=8)
 
-    def write(steps, arrays):
-        ep = epilogue.with_residual(arrays[2]) if residual else epilogue
-        write_taps(steps, tp, arrays[0], arrays[1], ep, edges)
-
-    return threads.Prepared(n * (len(edges) - 1), write, (tp.shape, tp.out_shape) + ((tp.out_shape,) * residual))
+    return threads.prepared_conv(n * (len(edges) - 1), lambda steps, x, y, ep: write_taps(steps, tp, x, y, ep, edges),
+                                 epilogue, residual, tp.shape, tp.out_shape)
 
 
 # bytes of a channel-blocked conv's input buffer per band of output rows (the band's input rows, BLOCK channels
@@ -171,8 +168,8 @@ class BlockPlan:
     weights as (blocks, taps x BLOCK) vectors, the tap offsets in the padded (row, column, BLOCK) buffer, the band
     of output rows per pass and the scratch sizes."""
 
-    __slots__ = ("shape", "out_shape", "blocks", "taps", "offsets", "where", "geometry", "band", "buf_size",
-                 "rows_size", "work")
+    __slots__ = ("shape", "out_shape", "blocks", "taps", "offsets", "where", "geometry", "buf_size", "rows_size",
+                 "work")
 
     def __init__(self, x_shape: tuple, w: np.ndarray, strides, dil, pads, out_sp):
         from .simd import BLOCK
@@ -192,10 +189,10 @@ class BlockPlan:
         rows, cols = np.divmod(np.arange(h * wd, dtype=np.int64), wd)
         self.where = (rows * wp + pads[1] + cols) * BLOCK
         row_bytes = wp * BLOCK * 4
-        self.band = max(1, min(oh, (BAND_BYTES // row_bytes - reach) // sh + 1))
-        self.geometry = (sh, sw, pads[0], wp, reach, self.band)
-        self.buf_size = ((self.band - 1) * sh + reach) * wp * BLOCK
-        self.rows_size = self.band * ow * BLOCK
+        band = max(1, min(oh, (BAND_BYTES // row_bytes - reach) // sh + 1))  # output rows per pass
+        self.geometry = (sh, sw, pads[0], wp, reach, band)
+        self.buf_size = ((band - 1) * sh + reach) * wp * BLOCK
+        self.rows_size = band * ow * BLOCK
         self.work = c * kh * kw * oh * ow * TAP_COST
 
     def scratch(self) -> tuple[np.ndarray, np.ndarray]:
@@ -267,9 +264,6 @@ def prepare_blocked(bp: BlockPlan, epilogue, residual: bool) -> threads.Prepared
     n = bp.shape[0]
     kedges, gedges = bp.edges(threads.threads_for(n * bp.work))
 
-    def write(steps, arrays):
-        ep = epilogue.with_residual(arrays[2]) if residual else epilogue
-        write_blocked(steps, bp, arrays[0], arrays[1], ep, kedges, gedges)
-
     chunks = (len(kedges) - 1) * (len(gedges) - 1)
-    return threads.Prepared(n * chunks, write, (bp.shape, bp.out_shape) + ((bp.out_shape,) * residual))
+    return threads.prepared_conv(n * chunks, lambda steps, x, y, ep: write_blocked(steps, bp, x, y, ep, kedges, gedges),
+                                 epilogue, residual, bp.shape, bp.out_shape)

@@ -449,17 +449,14 @@ def _transpose16(builder, rows: list) -> list:
 
 def _transpose16_codegen(scattered: bool):
     """transpose16_f32's code (column j stored at at + j * pitch) or transpose16_to_f32's (at at + where[w_at + j])."""
+    src = 4 if scattered else 3  # (dst, at, where, w_at, src, ...) or (dst, at, pitch, src, ...)
+
     def codegen(context, builder, sig, args):
-        dp = _data(context, builder, sig.args[0], args[0]).data
-        if scattered:
-            wh = _data(context, builder, sig.args[2], args[2]).data
-            rest = args[3:]
-        else:
-            rest = args[2:]
-        ints = [builder.sext(v, _I64) if v.type.width < 64 else v for v in (args[1], rest[0])]
-        at_, step_ = ints
-        sp = _data(context, builder, sig.args[len(args) - len(rest) + 1], rest[1]).data
-        start_, spitch_, rows_, cols_ = (builder.sext(v, _I64) if v.type.width < 64 else v for v in rest[2:])
+        dp, sp = (_data(context, builder, sig.args[i], args[i]).data for i in (0, src))
+        wh = _data(context, builder, sig.args[2], args[2]).data if scattered else None
+        # step_: w_at or pitch
+        at_, step_, start_, spitch_, rows_, cols_ = (builder.sext(args[i], _I64) if args[i].type.width < 64
+                                                     else args[i] for i in (1, src - 1, *range(src + 1, src + 5)))
         none = ir.Constant(ir.VectorType(ir.IntType(1), BLOCK), None)
         col_mask, row_mask = _first_lanes(builder, cols_, BLOCK), _first_lanes(builder, rows_, BLOCK)
         loaded = []

@@ -519,6 +519,16 @@ class Prepared:
             self._using.release()
 
 
+def prepared_conv(rows: int, write: Callable, epilogue, residual: bool, in_shape: tuple, out_shape: tuple) -> Prepared:
+    """A conv path's Prepared job, run with (x, y) or, with `residual`, (x, y, residual): write(steps, x, y, ep)
+    writes it with `epilogue` given this call's residual (the pointwise, depthwise and blocked paths' shared
+    shape)."""
+    def job(steps: Steps, arrays: tuple) -> None:
+        write(steps, arrays[0], arrays[1], epilogue.with_residual(arrays[2]) if residual else epilogue)
+
+    return Prepared(rows, job, (in_shape, out_shape) + ((out_shape,) * residual))
+
+
 def _arrays(items) -> Iterator[np.ndarray]:
     """The arrays in `items`, tuples and lists opened up."""
     for it in items:
