@@ -341,3 +341,36 @@ def test_the_lstm_kernel_follows_a_new_recurrence_weight():
     np.testing.assert_array_equal(second, recurrent._lstm(np, dict(a), x, w, r2))
     assert not np.array_equal(first, second)
     np.testing.assert_array_equal(recurrent._lstm(np, a, x, w, r1), first)
+
+
+@pytest.mark.parametrize("threads,batch,hid,chunks", [(2, 9, 96, 2), (4, 9, 96, 4), (4, 3, 40, 2), (3, 13, 288, 3)],
+                         ids=str)
+def test_lstm_row_groups_and_hidden_blocks_give_the_same_bits(monkeypatch, threads, batch, hid, chunks):
+    """The batch's rows split into groups (at least 4 rows each) that run with no wait on one another, and
+    threads left over split each group's steps into hidden blocks (32-column multiples): 2 threads on 9 rows are
+    2 groups, 4 threads 2 groups of 2 blocks of 48 -> 64 units, 4 threads on 3 rows one group of 40 units in
+    blocks of 32 + 8, 3 threads on 13 rows 3 groups of 4-5 rows with 288 units (two panels of Rᵀ). Whatever
+    the split, and run by however many threads turn up (here more than the CPUs), every output is the
+    one-thread kernel's to the bit."""
+    from rlx_runtime import threads as T
+    from rlx_runtime.kernels import recurrent
+    from rlx_runtime.kernels.registry import prepare_attrs
+    a = prepare_attrs("LSTM", {"hidden_size": hid, "direction": "bidirectional", "activations": None,
+                               "activation_alpha": None, "activation_beta": None, "clip": None,
+                               "optional": ["B", "initial_h", "initial_c"], "input_forget": 0})
+    seq, inp = 6, 10
+    x = R.standard_normal((seq, batch, inp)).astype(np.float32)
+    w = (R.standard_normal((2, 4 * hid, inp)) * 0.3).astype(np.float32)
+    r = (R.standard_normal((2, 4 * hid, hid)) * 0.15).astype(np.float32)
+    b = (R.standard_normal((2, 8 * hid)) * 0.2).astype(np.float32)
+    h0, c0 = (R.standard_normal((2, batch, hid)).astype(np.float32) for _ in range(2))
+    one = recurrent._lstm(np, a, x, w, r, b, h0, c0)
+    monkeypatch.setattr(recurrent, "_MIN_STEP_SPLIT", 0)
+    monkeypatch.setattr(T, "threads_in_use", lambda: threads)
+    runs = []
+    real = T.run_chunks
+    monkeypatch.setattr(T, "run_chunks", lambda count, fn: runs.append(count) or real(count, fn))
+    with T.forward_threads():
+        split = recurrent._lstm(np, a, x, w, r, b, h0, c0)
+    assert runs == [chunks] * 2  # one job per direction
+    np.testing.assert_array_equal(split, one)

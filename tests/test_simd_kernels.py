@@ -302,7 +302,9 @@ def few_rows_by_tile():
 
 @pytest.mark.parametrize("rows,k,n,c0,c1", [(1, 7, 50, 0, 50), (3, 64, 96, 5, 93), (4, 33, 40, 0, 40),
                                             (5, 100, 130, 17, 130), (8, 256, 97, 0, 97), (8, 9, 32, 0, 31),
-                                            (7, 1, 16, 3, 4)], ids=str)
+                                            (7, 1, 16, 3, 4), (1, 13, 600, 3, 597), (2, 40, 520, 0, 520),
+                                            (3, 20, 777, 1, 777), (6, 17, 300, 10, 290), (8, 5, 513, 0, 513)],
+                         ids=str)
 def test_every_register_tile_gives_the_same_bits(few_rows_by_tile, rows, k, n, c0, c1):
     """The tile (rows per pass over k, columns per vector) is picked by the CPU: each output must still be its own
     fma chain in order of k, so every tile gives the same bits, each within a dot's rounding of float64; outputs

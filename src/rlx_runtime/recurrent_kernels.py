@@ -8,11 +8,13 @@ the few-rows GEMM (what its MatMul takes for 2-16 rows; here simd.gather_f32 ove
 z = x·Wᵀ + b + that, the i, o, f gates by simd.sigmoid_f32, c = f·c + i·tanh(zc), h = o·tanh(c); tanh is
 ufuncs.tanh_f32_loop (numpy's tanh on the generic path: they differ by an ulp or two).
 
-Threads: each step's hidden units are split into blocks; every thread that runs lstm_steps on the same arguments
-(the forward's threads, as chunks of one native job: threads.py) takes the current step's blocks one at a time from
-a shared counter, and the thread that finishes a step's last block moves all of them to the next step. A thread
-waits only for blocks that another thread has taken and is running, so one thread alone runs every step, whichever
-threads join, and when. Every element is computed the same way whichever thread computes it.
+Threads: the batch's rows are independent sequences, so they split into groups (kernels/recurrent.py) whose
+steps run with no wait on one another. Within a group each step's hidden units may split into blocks; every
+thread that runs lstm_steps on the same group (the forward's threads, as chunks of one native job: threads.py)
+takes the current step's blocks one at a time from the group's shared counter, and the thread that finishes a
+step's last block moves all of them to the next step. A thread waits only for blocks that another thread has
+taken and is running, so one thread alone runs every step, whichever threads join, and when. Every element is
+computed the same way whichever thread computes it.
 """
 
 from __future__ import annotations
@@ -22,10 +24,10 @@ import numpy as np
 from rlx_format.numba_setup import numba
 
 from .atomics import backoff, fetch_add, load, store
-from .simd import SKINNY_ROWS, gather_f32, sigmoid_f32
+from .simd import FEW_ROWS_SPAN, SKINNY_ROWS, gather_f32, sigmoid_f32
 from .ufuncs import tanh_f32_loop
 
-PANEL = 32  # columns of Rᵀ per panel: one few-rows GEMM vector
+PANEL = FEW_ROWS_SPAN  # columns of Rᵀ per panel: one column block of the few-rows GEMM (256 on AVX-512)
 
 
 def pack_panels(rt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -33,8 +35,9 @@ def pack_panels(rt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     p*PANEL .. (p+1)*PANEL - 1 of every row, contiguous (the last zero-padded), and offsets[p, i] + col is where
     column col of row i is in the flat panels, for col in that panel (simd.gather_f32's row offsets). A step's
     GEMM then reads each panel as one stream: Rᵀ's rows, 4H floats apart (4 KiB and more: a page apart), left the
-    prefetchers idle (8x256 @ 256x1024: 62 GMAC/s as rows of Rᵀ, 76 as panels). The products and their order are
-    the same, so the same bits."""
+    prefetchers idle (8x256 @ 256x1024: 62 GMAC/s as rows of Rᵀ, 76 as panels). A panel is a column block of the
+    kernel, whose passes of few rows take several vectors side by side (32-column panels held them to one). The
+    products and their order are the same, so the same bits."""
     k, n = rt.shape
     count = -(-n // PANEL)
     padded = np.zeros((k, count * PANEL), np.float32)
@@ -46,15 +49,16 @@ def pack_panels(rt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def lstm_steps(xw, panels, offsets, hbuf, c, out, d, reverse, exp_terms, tanh_terms, sync,
-               block):  # pragma: no cover - compiled
+def lstm_steps(xw, panels, offsets, hbuf, c, out, d, reverse, exp_terms, tanh_terms, sync, block, b0,
+               b1):  # pragma: no cover - compiled
     """One direction of an LSTM, or this thread's share of it. xw (seq, batch, 4H) float32, C-contiguous: each
     step's input projection with both biases added; panels, offsets: this direction's Rᵀ (H, 4H) (gate order i,
     o, f, c) in column panels (pack_panels); hbuf (2, batch, H) float32: hbuf[0] holds the initial h, and the
     final h ends in hbuf[seq % 2]; c (batch, H) float32, C-contiguous: the initial c, left holding the final one;
     out (seq + 2, dirs, batch, H): Y[t, d] written for every step t (reverse: from the last); sync: 1 + 2 * seq
     zeroed int64 words shared by the threads (the step in progress, then each step's blocks taken, then its blocks
-    finished); block: hidden units per block."""
+    finished); block: hidden units per block; b0, b1: the batch rows run (the others are not read or written:
+    another call may run them at the same time with its own sync)."""
     seq, batch, g4 = xw.shape
     hid = g4 // 4
     parts = -(-hid // block)
@@ -84,29 +88,33 @@ def lstm_steps(xw, panels, offsets, hbuf, c, out, d, reverse, exp_terms, tanh_te
             while col < end:
                 p = col // PANEL
                 stop = min(end, (p + 1) * PANEL)
-                for r0 in range(0, batch, SKINNY_ROWS):
-                    gather_f32(z[r0 * g4:], hin[r0 * hid:], pf, offsets[p], min(batch - r0, SKINNY_ROWS), hid, g4,
+                for r0 in range(b0, b1, SKINNY_ROWS):
+                    gather_f32(z[r0 * g4:], hin[r0 * hid:], pf, offsets[p], min(b1 - r0, SKINNY_ROWS), hid, g4,
                                col, stop)
                 col = stop
         xt = xw[t].reshape(-1)
-        for b in range(batch):
+        # each loop over slices of the rows (indices from 0: numba drops its negative-index fix-up, and the loops
+        # vectorize; z[at + j] += ... took 5 of a 40 us step at batch 8)
+        for b in range(b0, b1):
+            zb, xb = z[b * g4:(b + 1) * g4], xt[b * g4:(b + 1) * g4]
             for g in range(4):
-                at = b * g4 + g * hid + j0
+                zg, xg = zb[g * hid + j0:g * hid + j0 + w], xb[g * hid + j0:g * hid + j0 + w]
                 for j in range(w):
-                    z[at + j] = xt[at + j] + z[at + j]
+                    zg[j] = xg[j] + zg[j]
             for g in range(3):
-                at = b * g4 + g * hid + j0
-                sigmoid_f32(act, (3 * b + g) * w, z, at, w, np.float32(-0.0), False)
-            at = b * g4 + 3 * hid + j0
-            tanh_f32_loop(z[at:at + w], tcand[b * w:(b + 1) * w], tanh_terms, exp_terms)
+                sigmoid_f32(act, (3 * b + g) * w, z, b * g4 + g * hid + j0, w, np.float32(-0.0), False)
+            ab = act[3 * b * w:3 * (b + 1) * w]
+            ig, og, fg = ab[:w], ab[w:2 * w], ab[2 * w:]
+            tb, tcb = tcand[b * w:(b + 1) * w], tc[b * w:(b + 1) * w]
+            tanh_f32_loop(zb[3 * hid + j0:3 * hid + j0 + w], tb, tanh_terms, exp_terms)
             cb = c[b, j0:j0 + w]
             for j in range(w):  # f * c + i * tanh(zc)
-                cb[j] = act[(3 * b + 2) * w + j] * cb[j] + act[3 * b * w + j] * tcand[b * w + j]
-            tanh_f32_loop(cb, tc[b * w:(b + 1) * w], tanh_terms, exp_terms)
-            y = out[t, d, b]
+                cb[j] = fg[j] * cb[j] + ig[j] * tb[j]
+            tanh_f32_loop(cb, tcb, tanh_terms, exp_terms)
+            hb, yb = hout[b * hid + j0:b * hid + j0 + w], out[t, d, b, j0:j0 + w]
             for j in range(w):  # o * tanh(c)
-                v = act[(3 * b + 1) * w + j] * tc[b * w + j]
-                hout[b * hid + j0 + j] = v
-                y[j0 + j] = v
+                v = og[j] * tcb[j]
+                hb[j] = v
+                yb[j] = v
         if fetch_add(sync, 1 + seq + s, 1) == parts - 1:  # the step's last block: on to the next step
             store(sync, 0, s + 1)
