@@ -91,19 +91,25 @@ def _recurrent(xp, op: str, a: dict, x, w, r, rest):
     acts = _activations(xp, op, a, dirs)
     clip = a["clip"]
     rows = xp.arange(batch)
+    peep = opt.get("P")
+    fast = _numba_lstm(xp, op, a, x, w, r, peep, lens)
     for d in range(dirs):
         reverse = a["direction"] == "reverse" or (a["direction"] == "bidirectional" and d == 1)
         wb = bias[d, :g * h] if bias is not None else None
         rb = bias[d, g * h:] if bias is not None else None
         # [seq, batch, gates*hidden]: the whole sequence's input projection as one 2-D GEMM (a 3-D matmul ran
         # one small GEMM per step: 14 ms of a 64-step LSTM layer that takes 2 ms this way)
-        xw = backend_matmul(xp, x.reshape(seq * batch, -1), w[d].T).reshape(seq, batch, -1)
-        if wb is not None:
-            xw += (wb if op == "GRU" else wb + rb)  # GRU adds Rbh inside the reset product (xw is the GEMM's own)
+        if fast and wb is not None:  # the biases added to each block of the GEMM as it is done (the same sums)
+            from ..linear import ColumnBias
+            from ..threads import matmul
+            xw = matmul(x.reshape(seq * batch, -1), w[d].T, ColumnBias(wb + rb)).reshape(seq, batch, -1)
+        else:
+            xw = backend_matmul(xp, x.reshape(seq * batch, -1), w[d].T).reshape(seq, batch, -1)
+            if wb is not None:  # GRU adds Rbh inside the reset product (xw is the GEMM's own)
+                xw += (wb if op == "GRU" else wb + rb)
         ht = opt["initial_h"][d] if "initial_h" in opt else xp.zeros((batch, h), dt)
         ct = None if op != "LSTM" else opt["initial_c"][d] if "initial_c" in opt else xp.zeros((batch, h), dt)
-        peep = opt.get("P")
-        if _numba_lstm(xp, op, a, x, xw, r, peep, lens, d, dirs):
+        if fast:
             _lstm_direction(xw, _transposed_weight(a, r, d), ht, ct, out, d, reverse)
             continue
         step_fn = {"LSTM": _lstm_step, "GRU": _gru_step, "RNN": _rnn_step}[op]
@@ -133,12 +139,12 @@ def _recurrent(xp, op: str, a: dict, x, w, r, rest):
     return out
 
 
-def _numba_lstm(xp, op, a, x, xw, r, peep, lens, d, dirs) -> bool:
-    """Whether this direction's steps run as recurrent_kernels.lstm_steps: a CPU float32 LSTM with the default
-    activations and none of clip, peepholes, input_forget or sequence_lens."""
+def _numba_lstm(xp, op, a, x, w, r, peep, lens) -> bool:
+    """Whether the steps run as recurrent_kernels.lstm_steps: a CPU float32 LSTM with the default activations and
+    none of clip, peepholes, input_forget or sequence_lens."""
     be = backend_of(xp)
-    default = a["activations"] is None or list(a["activations"]) == DEFAULT_ACTIVATIONS["LSTM"] * dirs
-    return (op == "LSTM" and be.host_arrays and be.fused_kernels and x.dtype == xw.dtype == r.dtype == np.float32
+    default = a["activations"] is None or list(a["activations"]) == DEFAULT_ACTIVATIONS["LSTM"] * w.shape[0]
+    return (op == "LSTM" and be.host_arrays and be.fused_kernels and x.dtype == w.dtype == r.dtype == np.float32
             and default and a["clip"] is None and peep is None and not a["input_forget"] and lens is None)
 
 
