@@ -271,3 +271,23 @@ def test_a_forked_child_runs_split_forwards_with_fresh_workers():
             os.waitpid(pid, 0)
             pytest.fail("the forked child's forward hung")
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_batched_matmul_splits_as_a_python_job_only_when_its_work_pays_for_the_hand_offs(monkeypatch):
+    """A stack of row blocks that cannot be one tall GEMM (a strided view, or with an epilogue) splits as a Python
+    job, whose chunks take the GIL in turn: from _MIN_PYTHON_SPLIT multiply-adds only (an LSTM model's (8, 64, 256)
+    @ (256, 16) took 130 us split at 2 threads, 50 whole)."""
+    jobs = []
+    real = threads.run_chunks
+    monkeypatch.setattr(threads, "run_chunks", lambda count, fn: jobs.append(count) or real(count, fn))
+    small = _f(64, 8, 256).transpose(1, 0, 2), _f(256, 16)  # 2^21 multiply-adds
+    big = _f(64, 8, 256).transpose(1, 0, 2), _f(256, 64)  # 2^23
+    for (a, b), splits in ((small, False), (big, True)):
+        assert (a.size // a.shape[-1] * b.size >= threads._MIN_PYTHON_SPLIT) == splits
+        jobs.clear()
+        with threadpool_limits(limits=1, user_api="blas"):
+            want = np.matmul(a, b)
+        with threadpool_limits(limits=2, user_api="blas"), forward_threads():
+            got = matmul(a, b)
+        assert_same_dot_products(got, want, a, b)
+        assert jobs == ([2] if splits else [])

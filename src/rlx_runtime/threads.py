@@ -674,6 +674,9 @@ def gemm_into(a: np.ndarray, b: np.ndarray, out: np.ndarray, beta: float = 0.0) 
 # GEMV streams b from memory (GPT-2's decoding step at 2 threads, its 768x2304 and 768x768 GEMVs split too:
 # 21.4 -> 20.0 ms)
 _MIN_GEMV_SPLIT = 1 << 18
+# multiply-adds from which a batched matmul splits as a Python job (its chunks take the GIL in turn: ~50-100 us of
+# hand-off here, against a prepared job's 3-8 us)
+_MIN_PYTHON_SPLIT = 1 << 22
 
 
 def stream_rows(put: str, rows: int, work: int, arrays: tuple, width: int, run: Callable[[int, int], None]) -> None:
@@ -821,7 +824,8 @@ def matmul(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None = None) -> np
         return _matmul_2d(a.reshape(m, k), b.reshape(k, n), epilogue).reshape(batch + (m, n))
     if b.ndim == 2 and a.flags.c_contiguous and epilogue is None:
         return _matmul_2d(a.reshape(-1, k), b, None).reshape(a.shape[:-1] + (n,))
-    threads = threads_for(math.prod(batch) * m * n * k)
+    work = math.prod(batch) * m * n * k
+    threads = threads_for(work) if work >= _MIN_PYTHON_SPLIT else 1
     if threads <= 1 or batch[0] < 2:
         return _whole(a, b, epilogue)
     out = np.empty(batch + (m, n), a.dtype)
