@@ -172,7 +172,9 @@ def test_sequence_length_out_of_range_is_a_clear_run_time_error(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["LSTM", "GRU", "RNN"])
-def test_torch_exported_recurrent_models_match_torch_and_onnxruntime(tmp_path, kind):
+def test_torch_exported_recurrent_models_match_torch_and_onnxruntime(tmp_path, lstm_kernel_calls, kind):
+    """2-layer bidirectional nets exported by torch.onnx: the LSTM's and GRU's steps (PyTorch exports GRUs with
+    linear_before_reset) run the numba kernels, one call per layer and direction."""
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
     cls = getattr(torch.nn, kind)
@@ -199,6 +201,7 @@ def test_torch_exported_recurrent_models_match_torch_and_onnxruntime(tmp_path, k
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(got, sess.run(None, {"x": x.numpy()})[0], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert len(lstm_kernel_calls) == (0 if kind == "RNN" else 4)
 
 
 # ---------------------------------------------------------------- the numba LSTM steps (recurrent_kernels.py)
@@ -211,12 +214,12 @@ def _rlx(tmp_path, m, feeds) -> dict:
 
 @pytest.fixture
 def lstm_kernel_calls(monkeypatch):
-    """The shapes of xw each direction run by recurrent_kernels.lstm_steps got (its caller is counted: on two
-    threads the kernel itself runs from the worker pool's compiled rows)."""
+    """The shapes of xw each direction run by the numba steps (recurrent_kernels.lstm_steps or gru_steps) got (their
+    caller is counted: on two threads the kernel itself runs on the pool's threads)."""
     from rlx_runtime.kernels import recurrent
     calls = []
-    real = recurrent._lstm_direction
-    monkeypatch.setattr(recurrent, "_lstm_direction", lambda *a: calls.append(a[0].shape) or real(*a))
+    real = recurrent._direction
+    monkeypatch.setattr(recurrent, "_direction", lambda *a: calls.append(a[1].shape) or real(*a))
     return calls
 
 
@@ -231,7 +234,7 @@ def test_numba_lstm_steps_equal_the_generic_steps_bit_for_bit(tmp_path, monkeypa
     m, feeds = _model("LSTM", direction, optional=optional)
     fast = _rlx(tmp_path, m, feeds)
     assert len(lstm_kernel_calls) == (2 if direction == "bidirectional" else 1)
-    monkeypatch.setattr(recurrent, "_numba_lstm", lambda *a: False)
+    monkeypatch.setattr(recurrent, "_numba_steps", lambda *a: False)
     real = recurrent._activation
     monkeypatch.setattr(recurrent, "_activation",
                         lambda xp, name, al, be: ufuncs.tanh_f32 if name == "Tanh" else real(xp, name, al, be))
@@ -373,4 +376,93 @@ def test_lstm_row_groups_and_hidden_blocks_give_the_same_bits(monkeypatch, threa
     with T.forward_threads():
         split = recurrent._lstm(np, a, x, w, r, b, h0, c0)
     assert runs == [chunks] * 2  # one job per direction
+    np.testing.assert_array_equal(split, one)
+
+
+# ---------------------------------------------------------------- the numba GRU steps (recurrent_kernels.gru_steps)
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+@pytest.mark.parametrize("optional", [(), ("B", "initial_h")], ids=str)
+def test_numba_gru_steps_equal_the_generic_steps_bit_for_bit(tmp_path, monkeypatch, lstm_kernel_calls, direction,
+                                                             optional):
+    """A GRU with linear_before_reset (PyTorch's) runs the kernel: the generic steps' float32 operations in the same
+    order ((x + h·Rᵀ) + Rb through the sigmoid for z and r, x + r·(h·Rhᵀ + Rbh) through tanh, (1 - z)·h~ + z·h);
+    with the generic path's tanh swapped for the kernel's, every output is the same to the bit (batch 3)."""
+    from rlx_runtime import ufuncs
+    from rlx_runtime.kernels import recurrent
+    m, feeds = _model("GRU", direction, optional=optional, linear_before_reset=1)
+    fast = _rlx(tmp_path, m, feeds)
+    assert len(lstm_kernel_calls) == (2 if direction == "bidirectional" else 1)
+    monkeypatch.setattr(recurrent, "_numba_steps", lambda *a: False)
+    real = recurrent._activation
+    monkeypatch.setattr(recurrent, "_activation",
+                        lambda xp, name, al, be: ufuncs.tanh_f32 if name == "Tanh" else real(xp, name, al, be))
+    generic = _rlx(tmp_path, m, feeds)
+    assert len(lstm_kernel_calls) == (2 if direction == "bidirectional" else 1)
+    for k in fast:
+        np.testing.assert_array_equal(fast[k], generic[k], err_msg=k)
+
+
+@pytest.mark.parametrize("attrs,optional,taken", [
+    ({"linear_before_reset": 1}, (), True),
+    ({"linear_before_reset": 1, "activations": ["Sigmoid", "Tanh"]}, ("B",), True),
+    ({}, ("B",), False),  # linear_before_reset 0: the candidate's product needs the whole reset gate first
+    ({"linear_before_reset": 1, "clip": 2.0}, (), False),
+    ({"linear_before_reset": 1, "activations": ["Sigmoid", "Relu"]}, (), False),
+    ({"linear_before_reset": 1}, ("sequence_lens",), False),
+], ids=str)
+def test_which_grus_take_the_numba_steps(tmp_path, lstm_kernel_calls, attrs, optional, taken):
+    m, feeds = _model("GRU", optional=optional, **attrs)
+    out = _rlx(tmp_path, m, feeds)
+    assert bool(lstm_kernel_calls) == taken
+    for k, v in _oracle(m, feeds).items():
+        np.testing.assert_allclose(out[k], v, rtol=1e-5, atol=1e-5, err_msg=k)
+
+
+@pytest.mark.parametrize("batch", [1, 8, 19])
+def test_numba_gru_at_real_sizes_matches_onnxruntime(tmp_path, lstm_kernel_calls, batch):
+    """Hidden 256 (panels of Rᵀ of 768 columns), batch 1, 8 and 19, 40 steps with biases and an initial state."""
+    hid, seq, inp = 256, 40, 48
+    w = (R.standard_normal((1, 3 * hid, inp)) * 0.2).astype(np.float32)
+    r = (R.standard_normal((1, 3 * hid, hid)) * 0.1).astype(np.float32)
+    b = (R.standard_normal((1, 6 * hid)) * 0.2).astype(np.float32)
+    node = helper.make_node("GRU", ["X", "W", "R", "B", "", "H0"], ["Y", "Y_h"], hidden_size=hid,
+                            linear_before_reset=1)
+    ins = [helper.make_tensor_value_info("X", TensorProto.FLOAT, [seq, batch, inp]),
+           helper.make_tensor_value_info("H0", TensorProto.FLOAT, [1, batch, hid])]
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("Y", "Y_h")]
+    inits = [numpy_helper.from_array(a, n) for a, n in ((w, "W"), (r, "R"), (b, "B"))]
+    m = helper.make_model(helper.make_graph([node], "g", ins, outs, inits), opset_imports=[helper.make_opsetid("", 14)])
+    feeds = {"X": R.standard_normal((seq, batch, inp)).astype(np.float32),
+             "H0": R.standard_normal((1, batch, hid)).astype(np.float32) * 0.5}
+    out = _rlx(tmp_path, m, feeds)
+    assert lstm_kernel_calls == [(seq, batch, 3 * hid)]
+    for k, v in _oracle(m, feeds).items():
+        np.testing.assert_allclose(out[k], v, rtol=1e-4, atol=2e-5, err_msg=k)
+
+
+@pytest.mark.parametrize("threads,batch,hid,chunks", [(2, 9, 96, 2), (4, 9, 96, 4), (4, 3, 40, 2)], ids=str)
+def test_gru_row_groups_and_hidden_blocks_give_the_same_bits(monkeypatch, threads, batch, hid, chunks):
+    """The GRU kernel splits as the LSTM's (row groups, then hidden blocks): whatever the split, the bits of one
+    thread."""
+    from rlx_runtime import threads as T
+    from rlx_runtime.kernels import recurrent
+    from rlx_runtime.kernels.registry import prepare_attrs
+    a = prepare_attrs("GRU", {"hidden_size": hid, "direction": "bidirectional", "activations": None,
+                              "activation_alpha": None, "activation_beta": None, "clip": None,
+                              "optional": ["B", "initial_h"], "linear_before_reset": 1})
+    seq, inp = 6, 10
+    x = R.standard_normal((seq, batch, inp)).astype(np.float32)
+    w = (R.standard_normal((2, 3 * hid, inp)) * 0.3).astype(np.float32)
+    r = (R.standard_normal((2, 3 * hid, hid)) * 0.15).astype(np.float32)
+    b = (R.standard_normal((2, 6 * hid)) * 0.2).astype(np.float32)
+    h0 = R.standard_normal((2, batch, hid)).astype(np.float32)
+    one = recurrent._gru(np, a, x, w, r, b, h0)
+    monkeypatch.setattr(recurrent, "_MIN_STEP_SPLIT", 0)
+    monkeypatch.setattr(T, "threads_in_use", lambda: threads)
+    runs = []
+    real = T.run_chunks
+    monkeypatch.setattr(T, "run_chunks", lambda count, fn: runs.append(count) or real(count, fn))
+    with T.forward_threads():
+        split = recurrent._gru(np, a, x, w, r, b, h0)
+    assert runs == [chunks] * 2
     np.testing.assert_array_equal(split, one)

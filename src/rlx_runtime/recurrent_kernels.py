@@ -1,5 +1,6 @@
-"""numba kernel of the CPU LSTM's steps (kernels/recurrent.py takes it for float32 LSTMs with the default activations,
-no clip, no peepholes, no input_forget and no sequence_lens).
+"""numba kernels of the CPU LSTM's and GRU's steps (kernels/recurrent.py takes them for float32 LSTMs with the default
+activations, no clip, no peepholes, no input_forget and no sequence_lens, and float32 GRUs likewise with
+linear_before_reset, as PyTorch exports them).
 
 Each step was about ten numpy calls and a split GEMM hand-off, ~95 us of Python and dispatch around its 26 us GEMM
 (a 2-layer 256-hidden LSTM at batch 8: 120 us a step against onnxruntime's 53). Here a whole direction's steps run
@@ -48,6 +49,46 @@ def pack_panels(rt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return panels, np.ascontiguousarray(offsets)
 
 
+@numba.njit(cache=True, nogil=True)
+def _next_block(sync, seq, parts):  # pragma: no cover - compiled
+    """(step, block) for this thread to run next: step >= seq once every step is done, block -1 after waiting for
+    the step in progress to finish (every block of it taken by other threads)."""
+    s = load(sync, 0)
+    if s >= seq:
+        return s, -1
+    k = fetch_add(sync, 1 + s, 1)
+    if k < parts:
+        return s, k
+    polls = 0
+    while load(sync, 0) == s:
+        backoff(polls)
+        polls += 1
+    return s, -1
+
+
+@numba.njit(cache=True, nogil=True)
+def _block_done(sync, seq, s, parts):  # pragma: no cover - compiled
+    """Count a block of step s finished; the step's last block moves every thread on to the next step."""
+    if fetch_add(sync, 1 + seq + s, 1) == parts - 1:
+        store(sync, 0, s + 1)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def _recurrence(z, hin, pf, offsets, gates, hid, j0, w, b0, b1):  # pragma: no cover - compiled
+    """z[b, g*hid + j0 + j] = (h·Rᵀ) there for rows b0..b1, each gate g's block columns j < w, a panel's columns
+    at a time (z and hin flat (batch, gates*hid) and (batch, hid))."""
+    g_all = gates * hid
+    for g in range(gates):
+        col, end = g * hid + j0, g * hid + j0 + w
+        while col < end:
+            p = col // PANEL
+            stop = min(end, (p + 1) * PANEL)
+            for r0 in range(b0, b1, SKINNY_ROWS):
+                gather_f32(z[r0 * g_all:], hin[r0 * hid:], pf, offsets[p], min(b1 - r0, SKINNY_ROWS), hid, g_all,
+                           col, stop)
+            col = stop
+
+
 @numba.njit(cache=True, nogil=True, error_model="numpy")
 def lstm_steps(xw, panels, offsets, hbuf, c, out, d, reverse, exp_terms, tanh_terms, sync, block, b0,
                b1):  # pragma: no cover - compiled
@@ -69,29 +110,16 @@ def lstm_steps(xw, panels, offsets, hbuf, c, out, d, reverse, exp_terms, tanh_te
     tc = np.empty(batch * block, np.float32)  # tanh of its new c
     pf = panels.reshape(-1)
     while True:
-        s = load(sync, 0)
+        s, k = _next_block(sync, seq, parts)
         if s >= seq:
             return
-        k = fetch_add(sync, 1 + s, 1)
-        if k >= parts:  # every block of this step is taken: wait for the step to finish
-            polls = 0
-            while load(sync, 0) == s:
-                backoff(polls)
-                polls += 1
+        if k < 0:
             continue
         j0 = k * block
         w = min(hid, j0 + block) - j0
         t = seq - 1 - s if reverse else s
         hin, hout = hbuf[s % 2].reshape(-1), hbuf[(s + 1) % 2].reshape(-1)
-        for g in range(4):  # the block's columns of each gate: h times Rᵀ, a panel's columns at a time
-            col, end = g * hid + j0, g * hid + j0 + w
-            while col < end:
-                p = col // PANEL
-                stop = min(end, (p + 1) * PANEL)
-                for r0 in range(b0, b1, SKINNY_ROWS):
-                    gather_f32(z[r0 * g4:], hin[r0 * hid:], pf, offsets[p], min(b1 - r0, SKINNY_ROWS), hid, g4,
-                               col, stop)
-                col = stop
+        _recurrence(z, hin, pf, offsets, 4, hid, j0, w, b0, b1)
         xt = xw[t].reshape(-1)
         # each loop over slices of the rows (indices from 0: numba drops its negative-index fix-up, and the loops
         # vectorize; z[at + j] += ... took 5 of a 40 us step at batch 8)
@@ -116,5 +144,62 @@ def lstm_steps(xw, panels, offsets, hbuf, c, out, d, reverse, exp_terms, tanh_te
                 v = og[j] * tcb[j]
                 hb[j] = v
                 yb[j] = v
-        if fetch_add(sync, 1 + seq + s, 1) == parts - 1:  # the step's last block: on to the next step
-            store(sync, 0, s + 1)
+        _block_done(sync, seq, s, parts)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
+def gru_steps(xw, panels, offsets, hbuf, out, d, reverse, rb, has_rb, exp_terms, tanh_terms, sync, block, b0,
+              b1):  # pragma: no cover - compiled
+    """One direction of a GRU with linear_before_reset, or this thread's share of it, in lstm_steps' way. xw
+    (seq, batch, 3H) float32, C-contiguous: each step's input projection with Wb added; panels, offsets: Rᵀ (H, 3H)
+    (gates z, r, h); rb (3H,) float32: Rb (has_rb False: none); hbuf (2, batch, H): hbuf[0] the initial h, the
+    final h in hbuf[seq % 2]; out (seq + 1, dirs, batch, H): Y[t, d] for every step t. As the generic step:
+    z = σ((x + h·Rzᵀ) + Rbz), r = σ((x + h·Rrᵀ) + Rbr), h' = (1 - z)·tanh(x + r·(h·Rhᵀ + Rbh)) + z·h."""
+    seq, batch, g3 = xw.shape
+    hid = g3 // 3
+    parts = -(-hid // block)
+    z = np.empty(batch * g3, np.float32)  # this thread's h·Rᵀ, then pre-activations (its block's columns)
+    act = np.empty(2 * batch * block, np.float32)  # sigmoid of the block's z and r pre-activations
+    cand = np.empty(batch * block, np.float32)  # its candidates' pre-activations
+    th = np.empty(batch * block, np.float32)  # and their tanh
+    pf = panels.reshape(-1)
+    one = np.float32(1.0)
+    while True:
+        s, k = _next_block(sync, seq, parts)
+        if s >= seq:
+            return
+        if k < 0:
+            continue
+        j0 = k * block
+        w = min(hid, j0 + block) - j0
+        t = seq - 1 - s if reverse else s
+        hin, hout = hbuf[s % 2].reshape(-1), hbuf[(s + 1) % 2].reshape(-1)
+        _recurrence(z, hin, pf, offsets, 3, hid, j0, w, b0, b1)
+        xt = xw[t].reshape(-1)
+        for b in range(b0, b1):
+            zb, xb = z[b * g3:(b + 1) * g3], xt[b * g3:(b + 1) * g3]
+            for g in range(3):
+                at = g * hid + j0
+                zg, xg, rg = zb[at:at + w], xb[at:at + w], rb[at:at + w]
+                if g < 2:  # (x + h·Rᵀ) + Rb
+                    for j in range(w):
+                        zg[j] = xg[j] + zg[j]
+                if has_rb:  # for h: h·Rhᵀ + Rbh
+                    for j in range(w):
+                        zg[j] = zg[j] + rg[j]
+            for g in range(2):
+                sigmoid_f32(act, (2 * b + g) * w, z, b * g3 + g * hid + j0, w, np.float32(-0.0), False)
+            ab = act[2 * b * w:2 * (b + 1) * w]
+            zgate, rgate = ab[:w], ab[w:]
+            rec, xh = zb[2 * hid + j0:2 * hid + j0 + w], xb[2 * hid + j0:2 * hid + j0 + w]
+            cb, tb = cand[b * w:(b + 1) * w], th[b * w:(b + 1) * w]
+            for j in range(w):
+                cb[j] = xh[j] + rgate[j] * rec[j]
+            tanh_f32_loop(cb, tb, tanh_terms, exp_terms)
+            at = b * hid + j0
+            hp, hb, yb = hin[at:at + w], hout[at:at + w], out[t, d, b, j0:j0 + w]
+            for j in range(w):
+                v = (one - zgate[j]) * tb[j] + zgate[j] * hp[j]
+                hb[j] = v
+                yb[j] = v
+        _block_done(sync, seq, s, parts)

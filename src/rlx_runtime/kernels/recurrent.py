@@ -92,7 +92,7 @@ def _recurrent(xp, op: str, a: dict, x, w, r, rest):
     clip = a["clip"]
     rows = xp.arange(batch)
     peep = opt.get("P")
-    fast = _numba_lstm(xp, op, a, x, w, r, peep, lens)
+    fast = _numba_steps(xp, op, a, x, w, r, peep, lens)
     for d in range(dirs):
         reverse = a["direction"] == "reverse" or (a["direction"] == "bidirectional" and d == 1)
         wb = bias[d, :g * h] if bias is not None else None
@@ -102,7 +102,8 @@ def _recurrent(xp, op: str, a: dict, x, w, r, rest):
         if fast and wb is not None:  # the biases added to each block of the GEMM as it is done (the same sums)
             from ..linear import ColumnBias
             from ..threads import matmul
-            xw = matmul(x.reshape(seq * batch, -1), w[d].T, ColumnBias(wb + rb)).reshape(seq, batch, -1)
+            added = wb if op == "GRU" else wb + rb
+            xw = matmul(x.reshape(seq * batch, -1), w[d].T, ColumnBias(added)).reshape(seq, batch, -1)
         else:
             xw = backend_matmul(xp, x.reshape(seq * batch, -1), w[d].T).reshape(seq, batch, -1)
             if wb is not None:  # GRU adds Rbh inside the reset product (xw is the GEMM's own)
@@ -110,7 +111,7 @@ def _recurrent(xp, op: str, a: dict, x, w, r, rest):
         ht = opt["initial_h"][d] if "initial_h" in opt else xp.zeros((batch, h), dt)
         ct = None if op != "LSTM" else opt["initial_c"][d] if "initial_c" in opt else xp.zeros((batch, h), dt)
         if fast:
-            _lstm_direction(xw, _transposed_weight(a, r, d), ht, ct, out, d, reverse)
+            _direction(op, xw, _transposed_weight(a, r, d), ht, ct, rb, out, d, reverse)
             continue
         step_fn = {"LSTM": _lstm_step, "GRU": _gru_step, "RNN": _rnn_step}[op]
         rd = _step_weights(xp, r[d])
@@ -139,13 +140,15 @@ def _recurrent(xp, op: str, a: dict, x, w, r, rest):
     return out
 
 
-def _numba_lstm(xp, op, a, x, w, r, peep, lens) -> bool:
-    """Whether the steps run as recurrent_kernels.lstm_steps: a CPU float32 LSTM with the default activations and
-    none of clip, peepholes, input_forget or sequence_lens."""
+def _numba_steps(xp, op, a, x, w, r, peep, lens) -> bool:
+    """Whether the steps run as a numba kernel (recurrent_kernels.py): a CPU float32 LSTM with the default
+    activations and none of clip, peepholes, input_forget or sequence_lens, or such a GRU with
+    linear_before_reset (PyTorch's)."""
     be = backend_of(xp)
-    default = a["activations"] is None or list(a["activations"]) == DEFAULT_ACTIVATIONS["LSTM"] * w.shape[0]
-    return (op == "LSTM" and be.host_arrays and be.fused_kernels and x.dtype == w.dtype == r.dtype == np.float32
-            and default and a["clip"] is None and peep is None and not a["input_forget"] and lens is None)
+    default = a["activations"] is None or list(a["activations"]) == DEFAULT_ACTIVATIONS[op] * w.shape[0]
+    kernel = (op == "LSTM" and not a["input_forget"] and peep is None) or (op == "GRU" and a["linear_before_reset"])
+    return bool(kernel and be.host_arrays and be.fused_kernels and x.dtype == w.dtype == r.dtype == np.float32
+                and default and a["clip"] is None and lens is None)
 
 
 _MIN_STEP_SPLIT = 1 << 18  # multiply-adds of a step's state times Rᵀ from which the steps split over the threads
@@ -165,17 +168,18 @@ def _transposed_weight(a: dict, r, d: int):
     return cached[1][d]
 
 
-def _lstm_direction(xw, packed, ht, ct, out, d: int, reverse: bool) -> None:
-    """One direction's steps by the numba kernel over the forward's threads; its final h and c go to out's last
-    two rows. The batch's rows are independent sequences: they split into groups of at least _GROUP_ROWS rows,
-    each group's steps run with no wait on the others; threads left over split each step's hidden units into
-    blocks within a group (a barrier per step)."""
-    from ..recurrent_kernels import lstm_steps
+def _direction(op: str, xw, packed, ht, ct, rb, out, d: int, reverse: bool) -> None:
+    """One direction's steps by the numba kernel over the forward's threads (LSTM: recurrent_kernels.lstm_steps, ct
+    its initial c; GRU: gru_steps, rb its Rb or None); the final h (and c) go to out's last rows. The batch's
+    rows are independent sequences: they split into groups of at least _GROUP_ROWS rows, each group's steps run
+    with no wait on the others; threads left over split each step's hidden units into blocks within a group (a
+    barrier per step)."""
+    from ..recurrent_kernels import gru_steps, lstm_steps
     from ..threads import run_chunks, threads_in_use
     from ..ufuncs import EXP_TERMS, TANH_TERMS
-    seq, batch, g4 = xw.shape
-    hid = g4 // 4
-    threads = threads_in_use() if batch * g4 * hid >= _MIN_STEP_SPLIT else 1
+    seq, batch, gh = xw.shape
+    hid = gh // GATES[op]
+    threads = threads_in_use() if batch * gh * hid >= _MIN_STEP_SPLIT else 1
     groups = max(1, min(threads, batch // _GROUP_ROWS))
     block = -(-hid // max(1, threads // groups))
     block = min(hid, -(-block // 32) * 32)  # whole 32-column vectors of the few-rows GEMM
@@ -183,15 +187,26 @@ def _lstm_direction(xw, packed, ht, ct, out, d: int, reverse: bool) -> None:
     edges = [batch * g // groups for g in range(groups + 1)]
     hbuf = np.empty((2, batch, hid), np.float32)
     hbuf[0] = ht
-    c = np.array(ct, np.float32, order="C")  # a fresh copy: the kernel updates it in place
     sync = np.zeros((groups, 1 + 2 * seq), np.int64)
-    args = (np.ascontiguousarray(xw), *packed, hbuf, c, out, d, reverse, EXP_TERMS, TANH_TERMS)
+    xw = np.ascontiguousarray(xw)
+    if op == "LSTM":
+        c = np.array(ct, np.float32, order="C")  # a fresh copy: the kernel updates it in place
+        args = (xw, *packed, hbuf, c, out, d, reverse, EXP_TERMS, TANH_TERMS)
+        kernel = lstm_steps
+    else:
+        has_rb = rb is not None
+        rbv = np.ascontiguousarray(rb, np.float32) if has_rb else np.zeros(gh, np.float32)
+        args = (xw, *packed, hbuf, out, d, reverse, rbv, has_rb, EXP_TERMS, TANH_TERMS)
+        kernel = gru_steps
     # chunk i runs group i % groups: its blocks' shared loop (Python jobs: each thread takes the GIL once per
     # call, then runs every step without it); the groups' first chunks come first, so each group has a thread
     run_chunks(groups * parts,
-               lambda i: lstm_steps(*args, sync[i % groups], block, edges[i % groups], edges[i % groups + 1]))
-    out[-2, d] = hbuf[seq % 2]
-    out[-1, d] = c
+               lambda i: kernel(*args, sync[i % groups], block, edges[i % groups], edges[i % groups + 1]))
+    if op == "LSTM":
+        out[-2, d] = hbuf[seq % 2]
+        out[-1, d] = c
+    else:
+        out[-1, d] = hbuf[seq % 2]
 
 
 def _rec(xp, hs, r):
