@@ -4,8 +4,8 @@ Models: ResNet-50 (the onnx package's light model; its weights are ConstantOfSha
 fine for speed), a small YOLO-like detector built with the onnx helper API (Conv + SiLU written as
 x * Sigmoid(x), a depthwise block, an upsample + concat neck and a Sigmoid head), torch exports with random
 weights at real sizes (benchmarks/torch_models.py: MobileNetV3-small, EfficientNet-B0, a GPT-2 small
-decoding step, a 2-layer LSTM; skipped without torch) and MiniLM (batch 8, seq 128; skipped when its weights
-are not installed). Threads: onnxruntime intra_op_num_threads; rlx
+decoding step, a 2-layer LSTM and a 2-layer GRU; skipped without torch) and MiniLM (batch 8, seq 128;
+skipped when its weights are not installed). Threads: onnxruntime intra_op_num_threads; rlx
 numba.set_num_threads and threadpoolctl's BLAS limit; rlx and onnxruntime are timed in alternating
 rounds. "load + first forward" is read_rlx + compile + one run in a fresh process; "no scipy" is the same
 with scipy made unimportable, as in a venv with only rlx's dependencies (numba imports scipy when it is
@@ -155,6 +155,7 @@ def _models():
         yield "EfficientNet-B0 (torchvision) 1x3x224x224", *torch_models.torchvision_cnn("efficientnet_b0"), None
         yield "GPT-2 small decode step (HF), past 127", *torch_models.gpt2_step(), None
         yield "LSTM 2x256 (torch) b8 s64", *torch_models.lstm(), None
+        yield "GRU 2x256 (torch) b8 s64", *torch_models.lstm(kind="GRU"), None
     except ImportError as e:
         print(f"[real_models: torch exports skipped: {e}]", file=sys.stderr)
     try:

@@ -74,14 +74,15 @@ def gpt2_step(layers: int = 12, dim: int = 768, heads: int = 12, past: int = 127
     return _export(Step(), args, names, outputs), _feeds(args, names)
 
 
-def lstm(batch: int = 8, steps: int = 64) -> tuple[onnx.ModelProto, dict]:
+def lstm(batch: int = 8, steps: int = 64, kind: str = "LSTM") -> tuple[onnx.ModelProto, dict]:
+    """A 2-layer 256-hidden torch.nn.LSTM (or kind "GRU": nn.GRU) over 128 features, then a linear head."""
     import torch
     torch.manual_seed(SEED)
 
     class Net(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.rnn = torch.nn.LSTM(128, 256, num_layers=2, batch_first=True)
+            self.rnn = getattr(torch.nn, kind)(128, 256, num_layers=2, batch_first=True)
             self.head = torch.nn.Linear(256, 16)
 
         def forward(self, x):
@@ -92,5 +93,5 @@ def lstm(batch: int = 8, steps: int = 64) -> tuple[onnx.ModelProto, dict]:
 
 
 if __name__ == "__main__":  # a quick check that every export runs here
-    for model, feeds in (torchvision_cnn("mobilenet_v3_small"), gpt2_step(2, 64, 4, 7), lstm(2, 5)):
+    for model, feeds in (torchvision_cnn("mobilenet_v3_small"), gpt2_step(2, 64, 4, 7), lstm(2, 5), lstm(2, 5, "GRU")):
         print(model.graph.name, len(model.graph.node), {k: np.shape(v) for k, v in list(feeds.items())[:3]})
