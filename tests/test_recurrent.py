@@ -223,15 +223,21 @@ def lstm_kernel_calls(monkeypatch):
     return calls
 
 
+_KERNEL_OPS = {"LSTM": ({}, ("B", "initial_h", "initial_c")), "GRU": ({"linear_before_reset": 1}, ("B", "initial_h"))}
+
+
+@pytest.mark.parametrize("op", _KERNEL_OPS)
 @pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
-@pytest.mark.parametrize("optional", [(), ("B", "initial_h", "initial_c")], ids=str)
-def test_numba_lstm_steps_equal_the_generic_steps_bit_for_bit(tmp_path, monkeypatch, lstm_kernel_calls, direction,
-                                                              optional):
-    """The kernel does the generic steps' float32 operations in the same order; with the generic path's tanh
-    swapped for the kernel's, every output is the same to the bit (batch 3: both take the few-rows GEMM)."""
+@pytest.mark.parametrize("with_optional", [False, True])
+def test_numba_steps_equal_the_generic_steps_bit_for_bit(tmp_path, monkeypatch, lstm_kernel_calls, op, direction,
+                                                         with_optional):
+    """The kernels do the generic steps' float32 operations in the same order (the GRU's: (x + h·Rᵀ) + Rb through
+    the sigmoid for z and r, x + r·(h·Rhᵀ + Rbh) through tanh, (1 - z)·h~ + z·h); with the generic path's tanh
+    swapped for the kernels', every output is the same to the bit (batch 3: both take the few-rows GEMM)."""
     from rlx_runtime import ufuncs
     from rlx_runtime.kernels import recurrent
-    m, feeds = _model("LSTM", direction, optional=optional)
+    attrs, optional = _KERNEL_OPS[op]
+    m, feeds = _model(op, direction, optional=optional if with_optional else (), **attrs)
     fast = _rlx(tmp_path, m, feeds)
     assert len(lstm_kernel_calls) == (2 if direction == "bidirectional" else 1)
     monkeypatch.setattr(recurrent, "_numba_steps", lambda *a: False)
@@ -346,9 +352,10 @@ def test_the_lstm_kernel_follows_a_new_recurrence_weight():
     np.testing.assert_array_equal(recurrent._lstm(np, a, x, w, r1), first)
 
 
+@pytest.mark.parametrize("op", _KERNEL_OPS)
 @pytest.mark.parametrize("threads,batch,hid,chunks", [(2, 9, 96, 2), (4, 9, 96, 4), (4, 3, 40, 2), (3, 13, 288, 3)],
                          ids=str)
-def test_lstm_row_groups_and_hidden_blocks_give_the_same_bits(monkeypatch, threads, batch, hid, chunks):
+def test_row_groups_and_hidden_blocks_give_the_same_bits(monkeypatch, op, threads, batch, hid, chunks):
     """The batch's rows split into groups (at least 4 rows each) that run with no wait on one another, and
     threads left over split each group's steps into hidden blocks (32-column multiples): 2 threads on 9 rows are
     2 groups, 4 threads 2 groups of 2 blocks of 48 -> 64 units, 4 threads on 3 rows one group of 40 units in
@@ -358,50 +365,30 @@ def test_lstm_row_groups_and_hidden_blocks_give_the_same_bits(monkeypatch, threa
     from rlx_runtime import threads as T
     from rlx_runtime.kernels import recurrent
     from rlx_runtime.kernels.registry import prepare_attrs
-    a = prepare_attrs("LSTM", {"hidden_size": hid, "direction": "bidirectional", "activations": None,
-                               "activation_alpha": None, "activation_beta": None, "clip": None,
-                               "optional": ["B", "initial_h", "initial_c"], "input_forget": 0})
-    seq, inp = 6, 10
+    extra, optional = _KERNEL_OPS[op]
+    a = prepare_attrs(op, {"hidden_size": hid, "direction": "bidirectional", "activations": None,
+                           "activation_alpha": None, "activation_beta": None, "clip": None,
+                           "optional": list(optional), "input_forget": 0, **extra})
+    g, seq, inp = GATES[op], 6, 10
     x = R.standard_normal((seq, batch, inp)).astype(np.float32)
-    w = (R.standard_normal((2, 4 * hid, inp)) * 0.3).astype(np.float32)
-    r = (R.standard_normal((2, 4 * hid, hid)) * 0.15).astype(np.float32)
-    b = (R.standard_normal((2, 8 * hid)) * 0.2).astype(np.float32)
-    h0, c0 = (R.standard_normal((2, batch, hid)).astype(np.float32) for _ in range(2))
-    one = recurrent._lstm(np, a, x, w, r, b, h0, c0)
+    w = (R.standard_normal((2, g * hid, inp)) * 0.3).astype(np.float32)
+    r = (R.standard_normal((2, g * hid, hid)) * 0.15).astype(np.float32)
+    b = (R.standard_normal((2, 2 * g * hid)) * 0.2).astype(np.float32)
+    states = [R.standard_normal((2, batch, hid)).astype(np.float32) for _ in optional[1:]]
+    run = recurrent._lstm if op == "LSTM" else recurrent._gru
+    one = run(np, a, x, w, r, b, *states)
     monkeypatch.setattr(recurrent, "_MIN_STEP_SPLIT", 0)
     monkeypatch.setattr(T, "threads_in_use", lambda: threads)
     runs = []
     real = T.run_chunks
     monkeypatch.setattr(T, "run_chunks", lambda count, fn: runs.append(count) or real(count, fn))
     with T.forward_threads():
-        split = recurrent._lstm(np, a, x, w, r, b, h0, c0)
+        split = run(np, a, x, w, r, b, *states)
     assert runs == [chunks] * 2  # one job per direction
     np.testing.assert_array_equal(split, one)
 
 
 # ---------------------------------------------------------------- the numba GRU steps (recurrent_kernels.gru_steps)
-@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
-@pytest.mark.parametrize("optional", [(), ("B", "initial_h")], ids=str)
-def test_numba_gru_steps_equal_the_generic_steps_bit_for_bit(tmp_path, monkeypatch, lstm_kernel_calls, direction,
-                                                             optional):
-    """A GRU with linear_before_reset (PyTorch's) runs the kernel: the generic steps' float32 operations in the same
-    order ((x + h·Rᵀ) + Rb through the sigmoid for z and r, x + r·(h·Rhᵀ + Rbh) through tanh, (1 - z)·h~ + z·h);
-    with the generic path's tanh swapped for the kernel's, every output is the same to the bit (batch 3)."""
-    from rlx_runtime import ufuncs
-    from rlx_runtime.kernels import recurrent
-    m, feeds = _model("GRU", direction, optional=optional, linear_before_reset=1)
-    fast = _rlx(tmp_path, m, feeds)
-    assert len(lstm_kernel_calls) == (2 if direction == "bidirectional" else 1)
-    monkeypatch.setattr(recurrent, "_numba_steps", lambda *a: False)
-    real = recurrent._activation
-    monkeypatch.setattr(recurrent, "_activation",
-                        lambda xp, name, al, be: ufuncs.tanh_f32 if name == "Tanh" else real(xp, name, al, be))
-    generic = _rlx(tmp_path, m, feeds)
-    assert len(lstm_kernel_calls) == (2 if direction == "bidirectional" else 1)
-    for k in fast:
-        np.testing.assert_array_equal(fast[k], generic[k], err_msg=k)
-
-
 @pytest.mark.parametrize("attrs,optional,taken", [
     ({"linear_before_reset": 1}, (), True),
     ({"linear_before_reset": 1, "activations": ["Sigmoid", "Tanh"]}, ("B",), True),
@@ -438,31 +425,3 @@ def test_numba_gru_at_real_sizes_matches_onnxruntime(tmp_path, lstm_kernel_calls
     assert lstm_kernel_calls == [(seq, batch, 3 * hid)]
     for k, v in _oracle(m, feeds).items():
         np.testing.assert_allclose(out[k], v, rtol=1e-4, atol=2e-5, err_msg=k)
-
-
-@pytest.mark.parametrize("threads,batch,hid,chunks", [(2, 9, 96, 2), (4, 9, 96, 4), (4, 3, 40, 2)], ids=str)
-def test_gru_row_groups_and_hidden_blocks_give_the_same_bits(monkeypatch, threads, batch, hid, chunks):
-    """The GRU kernel splits as the LSTM's (row groups, then hidden blocks): whatever the split, the bits of one
-    thread."""
-    from rlx_runtime import threads as T
-    from rlx_runtime.kernels import recurrent
-    from rlx_runtime.kernels.registry import prepare_attrs
-    a = prepare_attrs("GRU", {"hidden_size": hid, "direction": "bidirectional", "activations": None,
-                              "activation_alpha": None, "activation_beta": None, "clip": None,
-                              "optional": ["B", "initial_h"], "linear_before_reset": 1})
-    seq, inp = 6, 10
-    x = R.standard_normal((seq, batch, inp)).astype(np.float32)
-    w = (R.standard_normal((2, 3 * hid, inp)) * 0.3).astype(np.float32)
-    r = (R.standard_normal((2, 3 * hid, hid)) * 0.15).astype(np.float32)
-    b = (R.standard_normal((2, 6 * hid)) * 0.2).astype(np.float32)
-    h0 = R.standard_normal((2, batch, hid)).astype(np.float32)
-    one = recurrent._gru(np, a, x, w, r, b, h0)
-    monkeypatch.setattr(recurrent, "_MIN_STEP_SPLIT", 0)
-    monkeypatch.setattr(T, "threads_in_use", lambda: threads)
-    runs = []
-    real = T.run_chunks
-    monkeypatch.setattr(T, "run_chunks", lambda count, fn: runs.append(count) or real(count, fn))
-    with T.forward_threads():
-        split = recurrent._gru(np, a, x, w, r, b, h0)
-    assert runs == [chunks] * 2
-    np.testing.assert_array_equal(split, one)

@@ -50,20 +50,22 @@ def pack_panels(rt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 @numba.njit(cache=True, nogil=True)
-def _next_block(sync, seq, parts):  # pragma: no cover - compiled
-    """(step, block) for this thread to run next: step >= seq once every step is done, block -1 after waiting for
-    the step in progress to finish (every block of it taken by other threads)."""
+def _next_block(sync, seq, block, hid, reverse):  # pragma: no cover - compiled
+    """(step, its time index, the block's first hidden unit, its units) for this thread to run next: step >= seq
+    once every step is done, 0 units after waiting for the step in progress to finish (every block of it taken
+    by other threads)."""
     s = load(sync, 0)
     if s >= seq:
-        return s, -1
+        return s, 0, 0, 0
     k = fetch_add(sync, 1 + s, 1)
-    if k < parts:
-        return s, k
+    if k * block < hid:
+        j0 = k * block
+        return s, seq - 1 - s if reverse else s, j0, min(hid, j0 + block) - j0
     polls = 0
     while load(sync, 0) == s:
         backoff(polls)
         polls += 1
-    return s, -1
+    return s, 0, 0, 0
 
 
 @numba.njit(cache=True, nogil=True)
@@ -110,14 +112,11 @@ def lstm_steps(xw, panels, offsets, hbuf, c, out, d, reverse, exp_terms, tanh_te
     tc = np.empty(batch * block, np.float32)  # tanh of its new c
     pf = panels.reshape(-1)
     while True:
-        s, k = _next_block(sync, seq, parts)
+        s, t, j0, w = _next_block(sync, seq, block, hid, reverse)
         if s >= seq:
             return
-        if k < 0:
+        if w == 0:
             continue
-        j0 = k * block
-        w = min(hid, j0 + block) - j0
-        t = seq - 1 - s if reverse else s
         hin, hout = hbuf[s % 2].reshape(-1), hbuf[(s + 1) % 2].reshape(-1)
         _recurrence(z, hin, pf, offsets, 4, hid, j0, w, b0, b1)
         xt = xw[t].reshape(-1)
@@ -165,14 +164,11 @@ def gru_steps(xw, panels, offsets, hbuf, out, d, reverse, rb, has_rb, exp_terms,
     pf = panels.reshape(-1)
     one = np.float32(1.0)
     while True:
-        s, k = _next_block(sync, seq, parts)
+        s, t, j0, w = _next_block(sync, seq, block, hid, reverse)
         if s >= seq:
             return
-        if k < 0:
+        if w == 0:
             continue
-        j0 = k * block
-        w = min(hid, j0 + block) - j0
-        t = seq - 1 - s if reverse else s
         hin, hout = hbuf[s % 2].reshape(-1), hbuf[(s + 1) % 2].reshape(-1)
         _recurrence(z, hin, pf, offsets, 3, hid, j0, w, b0, b1)
         xt = xw[t].reshape(-1)
