@@ -425,3 +425,29 @@ def test_numba_gru_at_real_sizes_matches_onnxruntime(tmp_path, lstm_kernel_calls
     assert lstm_kernel_calls == [(seq, batch, 3 * hid)]
     for k, v in _oracle(m, feeds).items():
         np.testing.assert_allclose(out[k], v, rtol=1e-4, atol=2e-5, err_msg=k)
+
+
+@pytest.mark.parametrize("op", _KERNEL_OPS)
+@pytest.mark.parametrize("seq,batch", [(0, 2), (3, 0)])
+def test_empty_sequences_and_batches_run_the_kernels(lstm_kernel_calls, op, seq, batch):
+    """No steps (Y empty, the final states the initial ones) or no batch rows (every output empty): the
+    projection's reshape took the inner size from -1, which an empty array cannot give (a ValueError)."""
+    from rlx_runtime.kernels import recurrent
+    from rlx_runtime.kernels.registry import prepare_attrs
+    from rlx_runtime.threads import forward_threads
+    extra, optional = _KERNEL_OPS[op]
+    hid, g = 5, GATES[op]
+    a = prepare_attrs(op, {"hidden_size": hid, "direction": "forward", "activations": None,
+                           "activation_alpha": None, "activation_beta": None, "clip": None,
+                           "optional": list(optional), "input_forget": 0, **extra})
+    x = R.standard_normal((seq, batch, 6)).astype(np.float32)
+    w = R.standard_normal((1, g * hid, 6)).astype(np.float32)
+    r = R.standard_normal((1, g * hid, hid)).astype(np.float32)
+    b = R.standard_normal((1, 2 * g * hid)).astype(np.float32)
+    states = [R.standard_normal((1, batch, hid)).astype(np.float32) for _ in optional[1:]]
+    with forward_threads():
+        out = (recurrent._lstm if op == "LSTM" else recurrent._gru)(np, a, x, w, r, b, *states)
+    assert lstm_kernel_calls == [(seq, batch, g * hid)]
+    assert out.shape == (seq + len(states), 1, batch, hid)
+    for i, s in enumerate(states):
+        np.testing.assert_array_equal(out[seq + i], s)

@@ -291,3 +291,12 @@ def test_a_batched_matmul_splits_as_a_python_job_only_when_its_work_pays_for_the
             got = matmul(a, b)
         assert_same_dot_products(got, want, a, b)
         assert jobs == ([2] if splits else [])
+
+
+def test_an_empty_product_still_gets_its_epilogue_block():
+    """An empty GEMM (no rows) with an epilogue: the whole-call path viewed it as (-1, M, N), which an empty array
+    cannot give; the epilogue gets the empty block."""
+    seen = []
+    with threadpool_limits(limits=2, user_api="blas"), forward_threads():
+        got = matmul(_f(0, 6), _f(6, 20), lambda out3, *block: seen.append((out3.shape, block)))
+    assert got.shape == (0, 20) and seen == [((1, 0, 20), (0, 1, 0, 0, 0, 20))]

@@ -613,7 +613,7 @@ def _output(shape: tuple[int, ...], dtype) -> np.ndarray:
 def _whole(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None) -> np.ndarray:
     out = np.matmul(a, b)
     if epilogue is not None:
-        out3 = out.reshape(-1, *out.shape[-2:])
+        out3 = out.reshape(math.prod(out.shape[:-2]), *out.shape[-2:])  # not -1: an empty output has no such size
         epilogue(out3, 0, out3.shape[0], 0, out3.shape[1], 0, out3.shape[2])
     return out
 

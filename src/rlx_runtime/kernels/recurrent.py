@@ -103,9 +103,9 @@ def _recurrent(xp, op: str, a: dict, x, w, r, rest):
             from ..linear import ColumnBias
             from ..threads import matmul
             added = wb if op == "GRU" else wb + rb
-            xw = matmul(x.reshape(seq * batch, -1), w[d].T, ColumnBias(added)).reshape(seq, batch, -1)
+            xw = matmul(x.reshape(seq * batch, x.shape[2]), w[d].T, ColumnBias(added)).reshape(seq, batch, g * h)
         else:
-            xw = backend_matmul(xp, x.reshape(seq * batch, -1), w[d].T).reshape(seq, batch, -1)
+            xw = backend_matmul(xp, x.reshape(seq * batch, x.shape[2]), w[d].T).reshape(seq, batch, g * h)
             if wb is not None:  # GRU adds Rbh inside the reset product (xw is the GEMM's own)
                 xw += (wb if op == "GRU" else wb + rb)
         ht = opt["initial_h"][d] if "initial_h" in opt else xp.zeros((batch, h), dt)
