@@ -417,8 +417,9 @@ def test_matmul_ops_and_gru_steps_take_the_few_rows_kernel(monkeypatch, tmp_path
     assert calls == [(6, 128)]
     np.testing.assert_allclose(got, xv @ w, rtol=1e-5, atol=1e-4)
     calls.clear()
-    # a GRU (through the ONNX import): each step's state times Rᵀ (twice: the gates, then the candidate),
-    # checked against onnxruntime (an LSTM's steps run in recurrent_kernels.py, on the same kernel)
+    # a GRU with clip, which keeps the generic steps (through the ONNX import): each step's state times Rᵀ (twice:
+    # the gates, then the candidate), checked against onnxruntime (other LSTMs' and GRUs' steps run in
+    # recurrent_kernels.py, on the same kernel)
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
@@ -428,7 +429,7 @@ def test_matmul_ops_and_gru_steps_take_the_few_rows_kernel(monkeypatch, tmp_path
     hid, seq = 64, 5
     inits = [numpy_helper.from_array(_f(1, 3 * hid, 32) * 0.3, "W"),
              numpy_helper.from_array(_f(1, 3 * hid, hid) * 0.3, "R")]
-    node = helper.make_node("GRU", ["x", "W", "R"], ["Y"], hidden_size=hid)
+    node = helper.make_node("GRU", ["x", "W", "R"], ["Y"], hidden_size=hid, clip=50.0)
     m = helper.make_model(helper.make_graph([node], "l", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
                                                                                         [seq, 8, 32])],
                                             [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)], inits),

@@ -223,20 +223,24 @@ def lstm_kernel_calls(monkeypatch):
     return calls
 
 
-_KERNEL_OPS = {"LSTM": ({}, ("B", "initial_h", "initial_c")), "GRU": ({"linear_before_reset": 1}, ("B", "initial_h"))}
+# the ops the numba steps take: (op, attrs, every optional input but sequence_lens); a GRU with linear_before_reset
+# (PyTorch's) and without (ONNX's default: the candidate multiplies r·h by Rhᵀ, a second GEMM per step)
+_KERNEL_OPS = {"LSTM": ("LSTM", {}, ("B", "initial_h", "initial_c")),
+               "GRU": ("GRU", {"linear_before_reset": 1}, ("B", "initial_h")),
+               "GRU-reset-first": ("GRU", {"linear_before_reset": 0}, ("B", "initial_h"))}
 
 
-@pytest.mark.parametrize("op", _KERNEL_OPS)
+@pytest.mark.parametrize("case", _KERNEL_OPS)
 @pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
 @pytest.mark.parametrize("with_optional", [False, True])
-def test_numba_steps_equal_the_generic_steps_bit_for_bit(tmp_path, monkeypatch, lstm_kernel_calls, op, direction,
+def test_numba_steps_equal_the_generic_steps_bit_for_bit(tmp_path, monkeypatch, lstm_kernel_calls, case, direction,
                                                          with_optional):
     """The kernels do the generic steps' float32 operations in the same order (the GRU's: (x + h·Rᵀ) + Rb through
     the sigmoid for z and r, x + r·(h·Rhᵀ + Rbh) through tanh, (1 - z)·h~ + z·h); with the generic path's tanh
     swapped for the kernels', every output is the same to the bit (batch 3: both take the few-rows GEMM)."""
     from rlx_runtime import ufuncs
     from rlx_runtime.kernels import recurrent
-    attrs, optional = _KERNEL_OPS[op]
+    op, attrs, optional = _KERNEL_OPS[case]
     m, feeds = _model(op, direction, optional=optional if with_optional else (), **attrs)
     fast = _rlx(tmp_path, m, feeds)
     assert len(lstm_kernel_calls) == (2 if direction == "bidirectional" else 1)
@@ -352,20 +356,20 @@ def test_the_lstm_kernel_follows_a_new_recurrence_weight():
     np.testing.assert_array_equal(recurrent._lstm(np, a, x, w, r1), first)
 
 
-@pytest.mark.parametrize("op", _KERNEL_OPS)
-@pytest.mark.parametrize("threads,batch,hid,chunks", [(2, 9, 96, 2), (4, 9, 96, 4), (4, 3, 40, 2), (3, 13, 288, 3)],
-                         ids=str)
-def test_row_groups_and_hidden_blocks_give_the_same_bits(monkeypatch, op, threads, batch, hid, chunks):
+@pytest.mark.parametrize("case", _KERNEL_OPS)
+@pytest.mark.parametrize("threads,batch,hid,chunks,groups", [(2, 9, 96, 2, 2), (4, 9, 96, 4, 2), (4, 3, 40, 2, 1),
+                                                             (3, 13, 288, 3, 3)], ids=str)
+def test_row_groups_and_hidden_blocks_give_the_same_bits(monkeypatch, case, threads, batch, hid, chunks, groups):
     """The batch's rows split into groups (at least 4 rows each) that run with no wait on one another, and
     threads left over split each group's steps into hidden blocks (32-column multiples): 2 threads on 9 rows are
     2 groups, 4 threads 2 groups of 2 blocks of 48 -> 64 units, 4 threads on 3 rows one group of 40 units in
     blocks of 32 + 8, 3 threads on 13 rows 3 groups of 4-5 rows with 288 units (two panels of Rᵀ). Whatever
     the split, and run by however many threads turn up (here more than the CPUs), every output is the
-    one-thread kernel's to the bit."""
+    one-thread kernel's to the bit. A GRU without linear_before_reset splits into the groups only."""
     from rlx_runtime import threads as T
     from rlx_runtime.kernels import recurrent
     from rlx_runtime.kernels.registry import prepare_attrs
-    extra, optional = _KERNEL_OPS[op]
+    op, extra, optional = _KERNEL_OPS[case]
     a = prepare_attrs(op, {"hidden_size": hid, "direction": "bidirectional", "activations": None,
                            "activation_alpha": None, "activation_beta": None, "clip": None,
                            "optional": list(optional), "input_forget": 0, **extra})
@@ -384,7 +388,7 @@ def test_row_groups_and_hidden_blocks_give_the_same_bits(monkeypatch, op, thread
     monkeypatch.setattr(T, "run_chunks", lambda count, fn: runs.append(count) or real(count, fn))
     with T.forward_threads():
         split = run(np, a, x, w, r, b, *states)
-    assert runs == [chunks] * 2  # one job per direction
+    assert runs == [groups if case == "GRU-reset-first" else chunks] * 2  # one job per direction
     np.testing.assert_array_equal(split, one)
 
 
@@ -392,7 +396,7 @@ def test_row_groups_and_hidden_blocks_give_the_same_bits(monkeypatch, op, thread
 @pytest.mark.parametrize("attrs,optional,taken", [
     ({"linear_before_reset": 1}, (), True),
     ({"linear_before_reset": 1, "activations": ["Sigmoid", "Tanh"]}, ("B",), True),
-    ({}, ("B",), False),  # linear_before_reset 0: the candidate's product needs the whole reset gate first
+    ({}, ("B",), True),  # linear_before_reset 0 (ONNX's default)
     ({"linear_before_reset": 1, "clip": 2.0}, (), False),
     ({"linear_before_reset": 1, "activations": ["Sigmoid", "Relu"]}, (), False),
     ({"linear_before_reset": 1}, ("sequence_lens",), False),
@@ -405,15 +409,17 @@ def test_which_grus_take_the_numba_steps(tmp_path, lstm_kernel_calls, attrs, opt
         np.testing.assert_allclose(out[k], v, rtol=1e-5, atol=1e-5, err_msg=k)
 
 
+@pytest.mark.parametrize("before_reset", [1, 0])
 @pytest.mark.parametrize("batch", [1, 8, 19])
-def test_numba_gru_at_real_sizes_matches_onnxruntime(tmp_path, lstm_kernel_calls, batch):
-    """Hidden 256 (panels of Rᵀ of 768 columns), batch 1, 8 and 19, 40 steps with biases and an initial state."""
+def test_numba_gru_at_real_sizes_matches_onnxruntime(tmp_path, lstm_kernel_calls, batch, before_reset):
+    """Hidden 256 (panels of Rᵀ of 768 columns), batch 1, 8 and 19, 40 steps with biases and an initial state, with
+    and without linear_before_reset."""
     hid, seq, inp = 256, 40, 48
     w = (R.standard_normal((1, 3 * hid, inp)) * 0.2).astype(np.float32)
     r = (R.standard_normal((1, 3 * hid, hid)) * 0.1).astype(np.float32)
     b = (R.standard_normal((1, 6 * hid)) * 0.2).astype(np.float32)
     node = helper.make_node("GRU", ["X", "W", "R", "B", "", "H0"], ["Y", "Y_h"], hidden_size=hid,
-                            linear_before_reset=1)
+                            linear_before_reset=before_reset)
     ins = [helper.make_tensor_value_info("X", TensorProto.FLOAT, [seq, batch, inp]),
            helper.make_tensor_value_info("H0", TensorProto.FLOAT, [1, batch, hid])]
     outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("Y", "Y_h")]
@@ -427,15 +433,15 @@ def test_numba_gru_at_real_sizes_matches_onnxruntime(tmp_path, lstm_kernel_calls
         np.testing.assert_allclose(out[k], v, rtol=1e-4, atol=2e-5, err_msg=k)
 
 
-@pytest.mark.parametrize("op", _KERNEL_OPS)
+@pytest.mark.parametrize("case", _KERNEL_OPS)
 @pytest.mark.parametrize("seq,batch", [(0, 2), (3, 0)])
-def test_empty_sequences_and_batches_run_the_kernels(lstm_kernel_calls, op, seq, batch):
+def test_empty_sequences_and_batches_run_the_kernels(lstm_kernel_calls, case, seq, batch):
     """No steps (Y empty, the final states the initial ones) or no batch rows (every output empty): the
     projection's reshape took the inner size from -1, which an empty array cannot give (a ValueError)."""
     from rlx_runtime.kernels import recurrent
     from rlx_runtime.kernels.registry import prepare_attrs
     from rlx_runtime.threads import forward_threads
-    extra, optional = _KERNEL_OPS[op]
+    op, extra, optional = _KERNEL_OPS[case]
     hid, g = 5, GATES[op]
     a = prepare_attrs(op, {"hidden_size": hid, "direction": "forward", "activations": None,
                            "activation_alpha": None, "activation_beta": None, "clip": None,

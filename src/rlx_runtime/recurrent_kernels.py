@@ -1,6 +1,5 @@
 """numba kernels of the CPU LSTM's and GRU's steps (kernels/recurrent.py takes them for float32 LSTMs with the default
-activations, no clip, no peepholes, no input_forget and no sequence_lens, and float32 GRUs likewise with
-linear_before_reset, as PyTorch exports them).
+activations, no clip, no peepholes, no input_forget and no sequence_lens, and float32 GRUs likewise).
 
 Each step was about ten numpy calls and a split GEMM hand-off, ~95 us of Python and dispatch around its 26 us GEMM
 (a 2-layer 256-hidden LSTM at batch 8: 120 us a step against onnxruntime's 53). Here a whole direction's steps run
@@ -76,18 +75,16 @@ def _block_done(sync, seq, s, parts):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def _recurrence(z, hin, pf, offsets, gates, hid, j0, w, b0, b1):  # pragma: no cover - compiled
-    """z[b, g*hid + j0 + j] = (h·Rᵀ) there for rows b0..b1, each gate g's block columns j < w, a panel's columns
-    at a time (z and hin flat (batch, gates*hid) and (batch, hid))."""
-    g_all = gates * hid
-    for g in range(gates):
+def _recurrence(z, hin, pf, offsets, g0, g1, n, hid, j0, w, b0, b1):  # pragma: no cover - compiled
+    """z[b, g*hid + j0 + j] = (hin·Rᵀ) there for rows b0..b1, gates g0..g1 - 1, the block's columns j < w, a
+    panel's columns at a time (z flat (batch, n), n the gates' columns; hin flat (batch, hid))."""
+    for g in range(g0, g1):
         col, end = g * hid + j0, g * hid + j0 + w
         while col < end:
             p = col // PANEL
             stop = min(end, (p + 1) * PANEL)
             for r0 in range(b0, b1, SKINNY_ROWS):
-                gather_f32(z[r0 * g_all:], hin[r0 * hid:], pf, offsets[p], min(b1 - r0, SKINNY_ROWS), hid, g_all,
-                           col, stop)
+                gather_f32(z[r0 * n:], hin[r0 * hid:], pf, offsets[p], min(b1 - r0, SKINNY_ROWS), hid, n, col, stop)
             col = stop
 
 
@@ -118,7 +115,7 @@ def lstm_steps(xw, panels, offsets, hbuf, c, out, d, reverse, exp_terms, tanh_te
         if w == 0:
             continue
         hin, hout = hbuf[s % 2].reshape(-1), hbuf[(s + 1) % 2].reshape(-1)
-        _recurrence(z, hin, pf, offsets, 4, hid, j0, w, b0, b1)
+        _recurrence(z, hin, pf, offsets, 0, 4, g4, hid, j0, w, b0, b1)
         xt = xw[t].reshape(-1)
         # each loop over slices of the rows (indices from 0: numba drops its negative-index fix-up, and the loops
         # vectorize; z[at + j] += ... took 5 of a 40 us step at batch 8)
@@ -147,13 +144,15 @@ def lstm_steps(xw, panels, offsets, hbuf, c, out, d, reverse, exp_terms, tanh_te
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
-def gru_steps(xw, panels, offsets, hbuf, out, d, reverse, rb, has_rb, exp_terms, tanh_terms, sync, block, b0,
-              b1):  # pragma: no cover - compiled
-    """One direction of a GRU with linear_before_reset, or this thread's share of it, in lstm_steps' way. xw
-    (seq, batch, 3H) float32, C-contiguous: each step's input projection with Wb added; panels, offsets: Rᵀ (H, 3H)
-    (gates z, r, h); rb (3H,) float32: Rb (has_rb False: none); hbuf (2, batch, H): hbuf[0] the initial h, the
-    final h in hbuf[seq % 2]; out (seq + 1, dirs, batch, H): Y[t, d] for every step t. As the generic step:
-    z = σ((x + h·Rzᵀ) + Rbz), r = σ((x + h·Rrᵀ) + Rbr), h' = (1 - z)·tanh(x + r·(h·Rhᵀ + Rbh)) + z·h."""
+def gru_steps(xw, panels, offsets, hbuf, out, d, reverse, rb, has_rb, before_reset, exp_terms, tanh_terms, sync, block,
+              b0, b1):  # pragma: no cover - compiled
+    """One direction of a GRU, or this thread's share of it, in lstm_steps' way. xw (seq, batch, 3H) float32,
+    C-contiguous: each step's input projection with Wb added; panels, offsets: Rᵀ (H, 3H) (gates z, r, h); rb
+    (3H,) float32: Rb (has_rb False: none); before_reset: linear_before_reset (else block must be H: the
+    candidate's product needs the whole reset gate of a row); hbuf (2, batch, H): hbuf[0] the initial h, the final
+    h in hbuf[seq % 2]; out (seq + 1, dirs, batch, H): Y[t, d] for every step t. As the generic step:
+    z = σ((x + h·Rzᵀ) + Rbz), r = σ((x + h·Rrᵀ) + Rbr), h' = (1 - z)·tanh(c) + z·h with c = x + r·(h·Rhᵀ + Rbh)
+    (linear_before_reset) or (x + (r·h)·Rhᵀ) + Rbh."""
     seq, batch, g3 = xw.shape
     hid = g3 // 3
     parts = -(-hid // block)
@@ -161,6 +160,7 @@ def gru_steps(xw, panels, offsets, hbuf, out, d, reverse, rb, has_rb, exp_terms,
     act = np.empty(2 * batch * block, np.float32)  # sigmoid of the block's z and r pre-activations
     cand = np.empty(batch * block, np.float32)  # its candidates' pre-activations
     th = np.empty(batch * block, np.float32)  # and their tanh
+    rh = np.empty(batch * hid, np.float32)  # r·h (without linear_before_reset)
     pf = panels.reshape(-1)
     one = np.float32(1.0)
     while True:
@@ -170,27 +170,45 @@ def gru_steps(xw, panels, offsets, hbuf, out, d, reverse, rb, has_rb, exp_terms,
         if w == 0:
             continue
         hin, hout = hbuf[s % 2].reshape(-1), hbuf[(s + 1) % 2].reshape(-1)
-        _recurrence(z, hin, pf, offsets, 3, hid, j0, w, b0, b1)
+        _recurrence(z, hin, pf, offsets, 0, 3 if before_reset else 2, g3, hid, j0, w, b0, b1)
         xt = xw[t].reshape(-1)
-        for b in range(b0, b1):
+        for b in range(b0, b1):  # the z and r gates: (x + h·Rᵀ) + Rb
             zb, xb = z[b * g3:(b + 1) * g3], xt[b * g3:(b + 1) * g3]
-            for g in range(3):
+            for g in range(2):
                 at = g * hid + j0
                 zg, xg, rg = zb[at:at + w], xb[at:at + w], rb[at:at + w]
-                if g < 2:  # (x + h·Rᵀ) + Rb
-                    for j in range(w):
-                        zg[j] = xg[j] + zg[j]
-                if has_rb:  # for h: h·Rhᵀ + Rbh
+                for j in range(w):
+                    zg[j] = xg[j] + zg[j]
+                if has_rb:
                     for j in range(w):
                         zg[j] = zg[j] + rg[j]
-            for g in range(2):
-                sigmoid_f32(act, (2 * b + g) * w, z, b * g3 + g * hid + j0, w, np.float32(-0.0), False)
+                sigmoid_f32(act, (2 * b + g) * w, z, b * g3 + at, w, np.float32(-0.0), False)
+            if not before_reset:  # r·h, the whole row (block is H)
+                rgate, hp, rhb = act[(2 * b + 1) * w:2 * (b + 1) * w], hin[b * hid:(b + 1) * hid], rh[
+                    b * hid:(b + 1) * hid]
+                for j in range(w):
+                    rhb[j] = rgate[j] * hp[j]
+        if not before_reset:
+            _recurrence(z, rh, pf, offsets, 2, 3, g3, hid, j0, w, b0, b1)
+        for b in range(b0, b1):
+            zb, xb = z[b * g3:(b + 1) * g3], xt[b * g3:(b + 1) * g3]
+            at = 2 * hid + j0
+            rec, xh, rbh = zb[at:at + w], xb[at:at + w], rb[at:at + w]
             ab = act[2 * b * w:2 * (b + 1) * w]
             zgate, rgate = ab[:w], ab[w:]
-            rec, xh = zb[2 * hid + j0:2 * hid + j0 + w], xb[2 * hid + j0:2 * hid + j0 + w]
             cb, tb = cand[b * w:(b + 1) * w], th[b * w:(b + 1) * w]
-            for j in range(w):
-                cb[j] = xh[j] + rgate[j] * rec[j]
+            if before_reset:
+                if has_rb:
+                    for j in range(w):
+                        rec[j] = rec[j] + rbh[j]
+                for j in range(w):
+                    cb[j] = xh[j] + rgate[j] * rec[j]
+            else:
+                for j in range(w):
+                    cb[j] = xh[j] + rec[j]
+                if has_rb:
+                    for j in range(w):
+                        cb[j] = cb[j] + rbh[j]
             tanh_f32_loop(cb, tb, tanh_terms, exp_terms)
             at = b * hid + j0
             hp, hb, yb = hin[at:at + w], hout[at:at + w], out[t, d, b, j0:j0 + w]

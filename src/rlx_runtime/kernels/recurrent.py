@@ -111,7 +111,8 @@ def _recurrent(xp, op: str, a: dict, x, w, r, rest):
         ht = opt["initial_h"][d] if "initial_h" in opt else xp.zeros((batch, h), dt)
         ct = None if op != "LSTM" else opt["initial_c"][d] if "initial_c" in opt else xp.zeros((batch, h), dt)
         if fast:
-            _direction(op, xw, _transposed_weight(a, r, d), ht, ct, rb, out, d, reverse)
+            before_reset = op != "GRU" or bool(a["linear_before_reset"])
+            _direction(op, xw, _transposed_weight(a, r, d), ht, ct, rb, out, d, reverse, before_reset)
             continue
         step_fn = {"LSTM": _lstm_step, "GRU": _gru_step, "RNN": _rnn_step}[op]
         rd = _step_weights(xp, r[d])
@@ -142,11 +143,10 @@ def _recurrent(xp, op: str, a: dict, x, w, r, rest):
 
 def _numba_steps(xp, op, a, x, w, r, peep, lens) -> bool:
     """Whether the steps run as a numba kernel (recurrent_kernels.py): a CPU float32 LSTM with the default
-    activations and none of clip, peepholes, input_forget or sequence_lens, or such a GRU with
-    linear_before_reset (PyTorch's)."""
+    activations and none of clip, peepholes, input_forget or sequence_lens, or such a GRU."""
     be = backend_of(xp)
     default = a["activations"] is None or list(a["activations"]) == DEFAULT_ACTIVATIONS[op] * w.shape[0]
-    kernel = (op == "LSTM" and not a["input_forget"] and peep is None) or (op == "GRU" and a["linear_before_reset"])
+    kernel = (op == "LSTM" and not a["input_forget"] and peep is None) or op == "GRU"
     return bool(kernel and be.host_arrays and be.fused_kernels and x.dtype == w.dtype == r.dtype == np.float32
                 and default and a["clip"] is None and lens is None)
 
@@ -168,12 +168,13 @@ def _transposed_weight(a: dict, r, d: int):
     return cached[1][d]
 
 
-def _direction(op: str, xw, packed, ht, ct, rb, out, d: int, reverse: bool) -> None:
+def _direction(op: str, xw, packed, ht, ct, rb, out, d: int, reverse: bool, before_reset: bool = True) -> None:
     """One direction's steps by the numba kernel over the forward's threads (LSTM: recurrent_kernels.lstm_steps, ct
-    its initial c; GRU: gru_steps, rb its Rb or None); the final h (and c) go to out's last rows. The batch's
-    rows are independent sequences: they split into groups of at least _GROUP_ROWS rows, each group's steps run
-    with no wait on the others; threads left over split each step's hidden units into blocks within a group (a
-    barrier per step)."""
+    its initial c; GRU: gru_steps, rb its Rb or None, before_reset its linear_before_reset); the final h (and c)
+    go to out's last rows. The batch's rows are independent sequences: they split into groups of at least
+    _GROUP_ROWS rows, each group's steps run with no wait on the others; threads left over split each step's
+    hidden units into blocks within a group (a barrier per step), but for a GRU without linear_before_reset,
+    whose candidate's product needs a row's whole reset gate."""
     from ..recurrent_kernels import gru_steps, lstm_steps
     from ..threads import run_chunks, threads_in_use
     from ..ufuncs import EXP_TERMS, TANH_TERMS
@@ -181,7 +182,7 @@ def _direction(op: str, xw, packed, ht, ct, rb, out, d: int, reverse: bool) -> N
     hid = gh // GATES[op]
     threads = threads_in_use() if batch * gh * hid >= _MIN_STEP_SPLIT else 1
     groups = max(1, min(threads, batch // _GROUP_ROWS))
-    block = -(-hid // max(1, threads // groups))
+    block = -(-hid // max(1, threads // groups)) if before_reset else hid
     block = min(hid, -(-block // 32) * 32)  # whole 32-column vectors of the few-rows GEMM
     parts = -(-hid // block)
     edges = [batch * g // groups for g in range(groups + 1)]
@@ -196,7 +197,7 @@ def _direction(op: str, xw, packed, ht, ct, rb, out, d: int, reverse: bool) -> N
     else:
         has_rb = rb is not None
         rbv = np.ascontiguousarray(rb, np.float32) if has_rb else np.zeros(gh, np.float32)
-        args = (xw, *packed, hbuf, out, d, reverse, rbv, has_rb, EXP_TERMS, TANH_TERMS)
+        args = (xw, *packed, hbuf, out, d, reverse, rbv, has_rb, before_reset, EXP_TERMS, TANH_TERMS)
         kernel = gru_steps
     # chunk i runs group i % groups: its blocks' shared loop (Python jobs: each thread takes the GIL once per
     # call, then runs every step without it); the groups' first chunks come first, so each group has a thread
