@@ -184,8 +184,8 @@ def gru_steps(xw, panels, offsets, hbuf, out, d, reverse, rb, has_rb, before_res
                         zg[j] = zg[j] + rg[j]
                 sigmoid_f32(act, (2 * b + g) * w, z, b * g3 + at, w, np.float32(-0.0), False)
             if not before_reset:  # r·h, the whole row (block is H)
-                rgate, hp, rhb = act[(2 * b + 1) * w:2 * (b + 1) * w], hin[b * hid:(b + 1) * hid], rh[
-                    b * hid:(b + 1) * hid]
+                rgate, hp = act[(2 * b + 1) * w:2 * (b + 1) * w], hin[b * hid:(b + 1) * hid]
+                rhb = rh[b * hid:(b + 1) * hid]
                 for j in range(w):
                     rhb[j] = rgate[j] * hp[j]
         if not before_reset:

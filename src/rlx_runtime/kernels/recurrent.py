@@ -98,16 +98,15 @@ def _recurrent(xp, op: str, a: dict, x, w, r, rest):
         wb = bias[d, :g * h] if bias is not None else None
         rb = bias[d, g * h:] if bias is not None else None
         # [seq, batch, gates*hidden]: the whole sequence's input projection as one 2-D GEMM (a 3-D matmul ran
-        # one small GEMM per step: 14 ms of a 64-step LSTM layer that takes 2 ms this way)
-        if fast and wb is not None:  # the biases added to each block of the GEMM as it is done (the same sums)
-            from ..linear import ColumnBias
-            from ..threads import matmul
-            added = wb if op == "GRU" else wb + rb
-            xw = matmul(x.reshape(seq * batch, x.shape[2]), w[d].T, ColumnBias(added)).reshape(seq, batch, g * h)
+        # one small GEMM per step: 14 ms of a 64-step LSTM layer that takes 2 ms this way), its biases added by
+        # FusedMatMul's kernel (on the CPU to each block of the GEMM as it is done, ~80 us a layer less than a pass
+        # of its own; the values are MatMul's then Add's); a GRU adds Rbh inside the reset product
+        x2 = x.reshape(seq * batch, x.shape[2])
+        if wb is None:
+            xw = backend_matmul(xp, x2, w[d].T)
         else:
-            xw = backend_matmul(xp, x.reshape(seq * batch, x.shape[2]), w[d].T).reshape(seq, batch, g * h)
-            if wb is not None:  # GRU adds Rbh inside the reset product (xw is the GEMM's own)
-                xw += (wb if op == "GRU" else wb + rb)
+            xw = backend_of(xp).kernel("FusedMatMul")(xp, {}, x2, w[d].T, wb if op == "GRU" else wb + rb)
+        xw = xw.reshape(seq, batch, g * h)
         ht = opt["initial_h"][d] if "initial_h" in opt else xp.zeros((batch, h), dt)
         ct = None if op != "LSTM" else opt["initial_c"][d] if "initial_c" in opt else xp.zeros((batch, h), dt)
         if fast:
