@@ -12,7 +12,8 @@ with scipy made unimportable, as in a venv with only rlx's dependencies (numba i
 there, ~0.2 s of its one-off setup). Goals (issue #22):
 each model <= 1.5x onnxruntime (geometric mean <= 1.0x); first forward after load < 0.5 s.
 
-Run alone with `python benchmarks/real_models.py [--profile]` (--profile prints rlx's per-op times).
+Run alone with `python benchmarks/real_models.py [--profile] [--only TEXT]` (--profile prints rlx's per-op times;
+--only keeps the models whose name contains TEXT, case-insensitive, e.g. `--only mobilenet`).
 """
 
 from __future__ import annotations
@@ -145,19 +146,30 @@ def _set_threads(n: int):
     return threadpool_limits(limits=n, user_api="blas")
 
 
-def _models():
-    """(name, onnx model for onnxruntime, feeds, (graph, weights) for rlx or None to import the onnx model)."""
-    yield "ResNet-50 (light) 1x3x224x224", *resnet50(), None
-    yield "YOLO-like 1x3x320x320", *yolo_like(), None
+def _models(only: str = ""):
+    """(name, onnx model for onnxruntime, feeds, (graph, weights) for rlx or None to import the onnx model), for
+    the models whose name contains `only` (case-insensitive); each is built only when it is kept."""
+    def keep(name: str) -> bool:
+        return only.lower() in name.lower()
+
+    for name, build in (("ResNet-50 (light) 1x3x224x224", resnet50), ("YOLO-like 1x3x320x320", yolo_like)):
+        if keep(name):
+            yield name, *build(), None
     try:
         import torch_models  # benchmarks/torch_models.py: real torchvision / transformers exports
-        yield "MobileNetV3-small (torchvision) 1x3x224x224", *torch_models.torchvision_cnn("mobilenet_v3_small"), None
-        yield "EfficientNet-B0 (torchvision) 1x3x224x224", *torch_models.torchvision_cnn("efficientnet_b0"), None
-        yield "GPT-2 small decode step (HF), past 127", *torch_models.gpt2_step(), None
-        yield "LSTM 2x256 (torch) b8 s64", *torch_models.lstm(), None
-        yield "GRU 2x256 (torch) b8 s64", *torch_models.lstm(kind="GRU"), None
+        for name, build in (
+                ("MobileNetV3-small (torchvision) 1x3x224x224",
+                 lambda: torch_models.torchvision_cnn("mobilenet_v3_small")),
+                ("EfficientNet-B0 (torchvision) 1x3x224x224", lambda: torch_models.torchvision_cnn("efficientnet_b0")),
+                ("GPT-2 small decode step (HF), past 127", torch_models.gpt2_step),
+                ("LSTM 2x256 (torch) b8 s64", torch_models.lstm),
+                ("GRU 2x256 (torch) b8 s64", lambda: torch_models.lstm(kind="GRU"))):
+            if keep(name):
+                yield name, *build(), None
     except ImportError as e:
         print(f"[real_models: torch exports skipped: {e}]", file=sys.stderr)
+    if not keep("MiniLM b8 s128"):
+        return
     try:
         model, feeds, graph, weights = minilm()
     except (ImportError, OSError) as e:
@@ -166,12 +178,12 @@ def _models():
     yield "MiniLM b8 s128", model, feeds, (graph, weights)  # the example's graph, as benchmarks/minilm.py
 
 
-def main(profile: bool = False) -> list[Row]:
+def main(profile: bool = False, only: str = "") -> list[Row]:
     rows = []
     threads = [1, 2] if (os.cpu_count() or 1) >= 2 else [1]
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for name, model, feeds, source in _models():
+        for name, model, feeds, source in _models(only):
             path = Path(tmp) / "model.onnx"
             onnx.save(model, str(path))
             g, ws = import_onnx(path) if source is None else source
@@ -225,4 +237,6 @@ def _print_profile(name: str, n: int, compiled, feeds) -> None:
 
 if __name__ == "__main__":
     print(env_note())
-    print_rows(main(profile="--profile" in sys.argv))
+    args = sys.argv[1:]
+    only = args[args.index("--only") + 1] if "--only" in args[:-1] else ""
+    print_rows(main(profile="--profile" in args, only=only))
