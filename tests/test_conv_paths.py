@@ -719,12 +719,17 @@ def test_the_blocked_depthwise_kernel_splits_by_blocks_or_rows_with_the_same_bit
     ((3, 3), (1, 1), 14, True, True),  # rows narrower than MIN_ROW_WIDTH: the phase kernel's grid
     ((3, 3), (1, 1), 28, True, False),  # the phase kernel straight into the output
     ((3, 3), (1, 1), 112, True, False),
-    ((5, 5), (1, 1), 7, False, False),  # AVX2: not measured there
+    ((5, 5), (1, 1), 7, False, True),  # AVX2 (8-channel blocks): all but 3x3 stride 1 to wide rows
+    ((5, 5), (1, 1), 112, False, True),
+    ((3, 3), (2, 2), 56, False, True),
+    ((3, 3), (1, 1), 28, False, True),
+    ((3, 3), (1, 1), 56, False, False),
+    ((3, 3), (1, 1), 112, False, False),
 ])
 def test_which_depthwise_convs_take_the_blocked_kernel(k, strides, ow, avx512, taken, monkeypatch):
     from rlx_runtime import simd
     monkeypatch.setattr(simd, "AVX512", avx512)
-    assert conv_taps.use_blocked((8, 1, *k), (ow, ow)) is taken
+    assert conv_taps.use_blocked((8, 1, *k), (ow, ow), strides) is taken
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")

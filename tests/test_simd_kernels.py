@@ -363,25 +363,27 @@ def test_tap_rows_sum_each_output_by_fma_in_tap_order(rows, count, pitch, src_pi
 @pytest.fixture(scope="module")
 def blocked_tiles():
     from rlx_format.numba_setup import numba
-    from rlx_runtime.simd import taps16_f32, transpose16_f32, transpose16_to_f32
+    from rlx_runtime.simd import taps_block_f32, transpose_block_f32, transpose_block_to_f32
 
-    return (numba.njit(lambda *a: transpose16_f32(*a)), numba.njit(lambda *a: transpose16_to_f32(*a)),
-            numba.njit(lambda *a: taps16_f32(*a)))
+    return (numba.njit(lambda *a: transpose_block_f32(*a)), numba.njit(lambda *a: transpose_block_to_f32(*a)),
+            numba.njit(lambda *a: taps_block_f32(*a)))
 
 
 @pytest.mark.parametrize("scattered", [False, True])
-def test_transpose16_moves_exactly_the_tile(blocked_tiles, scattered):
-    """transpose16_f32 / transpose16_to_f32: dst[at + j * pitch + i] (or at + where[w_at + j]) = src[start + i *
-    src_pitch + j] for every i < rows, j < cols (0-16 each), NaN payloads kept; nothing else written."""
+def test_transpose_block_moves_exactly_the_tile(blocked_tiles, scattered):
+    """transpose_block_f32 / transpose_block_to_f32: dst[at + j * pitch + i] (or at + where[w_at + j]) = src[start +
+    i * src_pitch + j] for every i < rows, j < cols (0-BLOCK each: the full tile's plain moves and the masked
+    ones), NaN payloads kept; nothing else written."""
+    from rlx_runtime.simd import BLOCK
     transpose, transpose_to, _ = blocked_tiles
     pitch, src_pitch, at, start, w_at = 19, 23, 4, 6, 3
-    where = R.permutation(np.arange(16, dtype=np.int64) * pitch)  # each column its own place
+    where = R.permutation(np.arange(BLOCK, dtype=np.int64) * pitch)  # each column its own place
     where = np.concatenate([np.full(w_at, -10**9, np.int64), where])  # nothing before w_at is read
-    for rows in range(17):
-        for cols in range(17):
-            src = R.standard_normal(start + 16 * src_pitch + 16).astype(np.float32)
+    for rows in range(BLOCK + 1):
+        for cols in range(BLOCK + 1):
+            src = R.standard_normal(start + BLOCK * src_pitch + BLOCK).astype(np.float32)
             src[start + 2] = np.frombuffer(np.uint32(0x7FC01234).tobytes(), np.float32)[0]  # a NaN with a payload
-            dst = np.full(at + 16 * pitch + 16, 7.0, np.float32)
+            dst = np.full(at + BLOCK * pitch + BLOCK, 7.0, np.float32)
             if scattered:
                 transpose_to(dst, at, where, w_at, src, start, src_pitch, rows, cols)
             else:
@@ -394,23 +396,25 @@ def test_transpose16_moves_exactly_the_tile(blocked_tiles, scattered):
 
 
 @pytest.mark.parametrize("count", [0, 1, 5, 8, 9, 15, 16, 23])
-def test_taps16_sums_each_lane_by_fma_in_tap_order(blocked_tiles, count):
-    """taps16_f32: lane l of output pixel p is weights[w_at + 16 t + l] * src[start + step p + offsets[t] + l] added
-    by fma in order of t from 0.0, bit for bit (the tiles of 8 pixels and every rest); nothing else written."""
+def test_taps_block_sums_each_lane_by_fma_in_tap_order(blocked_tiles, count):
+    """taps_block_f32: lane l of output pixel p is weights[w_at + B t + l] * src[start + step p + offsets[t] + l]
+    added by fma in order of t from 0.0 (B = BLOCK), bit for bit (the tiles of 8 pixels and every rest); nothing else
+    written."""
+    from rlx_runtime.simd import BLOCK as B
     taps = blocked_tiles[2]
-    ntaps, step, start, at, w_at = 7, 48, 5, 16, 32
-    weights = R.standard_normal(w_at + 16 * ntaps).astype(np.float32)
-    offsets = np.array([0, 16, 32, 160, 176, 336, 48], np.int64)
-    src = R.standard_normal(start + step * max(count, 1) + 400).astype(np.float32)
-    dst = np.full(at + 16 * 24 + 16, 7.0, np.float32)
+    ntaps, step, start, at, w_at = 7, 3 * B, 5, B, 2 * B
+    weights = R.standard_normal(w_at + B * ntaps).astype(np.float32)
+    offsets = np.array([0, 1, 2, 10, 11, 21, 3], np.int64) * B
+    src = R.standard_normal(start + step * max(count, 1) + 25 * B).astype(np.float32)
+    dst = np.full(at + B * 24 + B, 7.0, np.float32)
     taps(dst, at, src, start, step, count, weights, w_at, offsets)
-    want = np.zeros((count, 16), np.float32)
-    lanes = start + step * np.arange(count)[:, None] + np.arange(16)[None, :]
+    want = np.zeros((count, B), np.float32)
+    lanes = start + step * np.arange(count)[:, None] + np.arange(B)[None, :]
     for t in range(ntaps):
-        want = fma32(np.broadcast_to(weights[w_at + 16 * t:w_at + 16 * (t + 1)], (count, 16)),
+        want = fma32(np.broadcast_to(weights[w_at + B * t:w_at + B * (t + 1)], (count, B)),
                      src[lanes + offsets[t]], want)
-    np.testing.assert_array_equal(dst[at:at + 16 * count].reshape(count, 16), want)
-    assert np.all(dst[:at] == 7.0) and np.all(dst[at + 16 * count:] == 7.0)
+    np.testing.assert_array_equal(dst[at:at + B * count].reshape(count, B), want)
+    assert np.all(dst[:at] == 7.0) and np.all(dst[at + B * count:] == 7.0)
 
 
 # ---------------------------------------------------------------- sigmoid_f32 (Sigmoid, SiLU, their conv epilogues)

@@ -13,7 +13,7 @@ import numpy as np
 from rlx_format.numba_setup import numba
 
 from .simd import (AVX512, BLOCK, LANES, SKINNY_ROWS, copy_f32, gather_f32, max_fold_f32, sigmoid_f32, skinny_f32,
-                   sum_f32, tap_rows_f32, taps16_f32, transpose16_f32, transpose16_to_f32)
+                   sum_f32, tap_rows_f32, taps_block_f32, transpose_block_f32, transpose_block_to_f32)
 
 # Identity: the bias alone (a plain Conv's, added on blocks in cache instead of a pass over the whole output)
 ACTIVATION_CODES = {"Relu": 0, "Sigmoid": 1, "Silu": 2, "LeakyRelu": 3, "Clip": 4, "HardSwish": 5, "Identity": 6}
@@ -227,7 +227,7 @@ def tap_planes(x, phases, taps, offsets, y, n, c0, c1, grid, wq, sh, sw, top, le
 
 
 # Channel-blocked depthwise convs (conv_taps.BlockPlan): BLOCK channels at a time are transposed (in registers,
-# 16x16 tiles) into a zero-padded buffer of (row, column, BLOCK channels) vectors, band by band of output rows;
+# BLOCK x BLOCK tiles) into a zero-padded buffer of (row, column, BLOCK channels) vectors, band by band of output rows;
 # each output pixel's BLOCK channels are then one vector, its taps one fma each with a vector of the BLOCK
 # channels' weights, whatever the stride, and transposed back into the (N, C, OH, OW) output. tap_planes' stride
 # phases, its grid columns past OW and its per-row copies are gone (a 7x7 plane's channel took ~400 cycles there,
@@ -264,14 +264,14 @@ def dw_blocks(x, taps, offsets, where, y, n, k0, k1, g0, g1, buf, out_rows, sh, 
                     buf[(i - first) * row:(i - first + 1) * row] = 0.0
             p0, p1 = max(first, 0) * w, min(last, h) * w
             for p in range(p0, p1, BLOCK):
-                transpose16_to_f32(buf, -first * row, where, p, xf, src + p, h * w, count, min(BLOCK, p1 - p))
+                transpose_block_to_f32(buf, -first * row, where, p, xf, src + p, h * w, count, min(BLOCK, p1 - p))
             for g in range(b0, b1):
-                taps16_f32(out_rows, (g - b0) * ow * BLOCK, buf, (g - b0) * sh * row, sw * BLOCK, ow, taps[k], 0,
+                taps_block_f32(out_rows, (g - b0) * ow * BLOCK, buf, (g - b0) * sh * row, sw * BLOCK, ow, taps[k], 0,
                            offsets)
             q0, q1 = b0 * ow, b1 * ow
             for q in range(q0, q1, BLOCK):
-                transpose16_f32(out, c0 * oh * ow + q, oh * ow, out_rows, (q - q0) * BLOCK, BLOCK, min(BLOCK, q1 - q),
-                                count)
+                transpose_block_f32(out, c0 * oh * ow + q, oh * ow, out_rows, (q - q0) * BLOCK, BLOCK,
+                                    min(BLOCK, q1 - q), count)
             if act >= 0:
                 bias_act_rows(out, c, oh * ow, 0, 1, c0, c0 + count, q0, q1, 1, bias, has_bias, act, alpha, beta,
                               has_lo, lo, has_hi, hi, image_res, has_res)

@@ -28,19 +28,32 @@ def use_depthwise(shape: tuple, dtype, w: np.ndarray, group: int) -> bool:
             and group == shape[1] == w.shape[0] and w.shape[1] == 1)
 
 
-def use_blocked(w_shape: tuple, out_sp) -> bool:
+# AVX2 (8-channel blocks): 3x3 stride-1 convs to output rows at least this wide keep the phase kernel. Measured
+# per conv at 1 thread (Zen 3, hot), blocked against phases: 3x3/1 at 56x56 1.12x (144 channels), at 112x112 1.07x
+# (32), at 28x28 0.92x (88), at 14x14 0.74x (480), at 7x7 0.58x (1152); 3x3/2 from 112x112 0.79x (96 channels),
+# 0.96x (16), from 56x56 0.82x (72), from 28x28 0.49x (240); 5x5 0.59-0.67x at stride 1 (7x7 to 28x28 planes),
+# 0.40-0.65x at stride 2
+AVX2_PHASE_ROWS = 56
+
+
+def use_blocked(w_shape: tuple, out_sp, strides) -> bool:
     """Whether a depthwise conv (use_depthwise) takes the channel-blocked kernel (BlockPlan) rather than the
-    stride-phase one (TapPlan): on AVX-512 (where it was measured), unless it has at most 9 taps and output rows of
+    stride-phase one (TapPlan). On AVX-512 (16-channel blocks), unless it has at most 9 taps and output rows of
     conv_kernels.MIN_ROW_WIDTH or more (the phase kernel computes those rows straight into the output; the blocked
     one's two transposes per element, four input pixels per output at stride 2, cost as much as 9 taps there).
     Measured per conv at 1 thread (Rocket Lake), blocked against phases: 5x5 0.39-0.85x (stride 2 and 7x7 / 14x14
     planes least), 3x3 on 14x14 0.86x, 3x3/2 to 14x14 0.62x; 3x3/1 at 28x28-112x112 1.07-1.16x, 3x3/2 from 112x112
     with 16 channels 1.11x, from 56x56 with 72 1.07x (with 96 from 112x112, 4.8 MB, 0.77x). Whole forwards with
     3x3/2 convs to rows of 28 and more on the phase kernel: MobileNetV3-small 0.98x / 0.98-0.99x at 1 / 2 threads,
-    YOLO-like 0.99x, EfficientNet-B0 level. Both give the same bits."""
+    YOLO-like 0.99x, EfficientNet-B0 level. On AVX2 (8-channel blocks; its phase kernel always works on the grid
+    and copies rows out), unless it has at most 9 taps, stride 1 and output rows of AVX2_PHASE_ROWS or more. Both
+    kernels give the same bits."""
     from .conv_kernels import MIN_ROW_WIDTH
     from .simd import AVX512
-    return AVX512 and not (w_shape[2] * w_shape[3] <= 9 and out_sp[1] >= MIN_ROW_WIDTH)
+    few_taps = w_shape[2] * w_shape[3] <= 9
+    if AVX512:
+        return not (few_taps and out_sp[1] >= MIN_ROW_WIDTH)
+    return not (few_taps and tuple(strides) == (1, 1) and out_sp[1] >= AVX2_PHASE_ROWS)
 
 
 @functools.cache
@@ -198,11 +211,11 @@ class BlockPlan:
     def scratch(self) -> tuple[np.ndarray, np.ndarray]:
         """(buf, out_rows) for a dw_blocks call: on cache lines (every vector a whole line: a vector across two
         lines costs two loads, and the taps run at the loads' pace), buf zeroed (its padding stays zero)."""
-        from .simd import BLOCK
         aligned = _numba_side()[2]
-        buf = aligned.empty((self.buf_size,), BLOCK)
+        line = aligned.LINE // 4  # floats: a start on a cache line keeps every BLOCK-float vector inside one
+        buf = aligned.empty((self.buf_size,), line)
         buf[:] = 0.0
-        return buf, aligned.empty((self.rows_size,), BLOCK)
+        return buf, aligned.empty((self.rows_size,), line)
 
     def edges(self, nthreads: int) -> tuple[list[int], list[int]]:
         """(block edges, output row edges) of the chunks for `nthreads`: by blocks while there are at least two

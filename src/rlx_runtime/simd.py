@@ -426,15 +426,17 @@ def tap_rows_f32(typingctx, dst, at, pitch, src, start, src_pitch, rows, count, 
     return types.void(dst, at, pitch, src, start, src_pitch, rows, count, weights, offsets), codegen
 
 
-BLOCK = 16  # channels per block of the channel-blocked depthwise kernel (one AVX-512 vector of float32)
-BLOCK_TILE = 8  # output pixels whose tap sums taps16_f32 runs side by side (each its own fma chain)
-_V16 = ir.VectorType(_F32, BLOCK)
+# channels per block of the channel-blocked depthwise kernel: one vector register of float32 (16 with AVX-512, 8
+# with AVX2)
+BLOCK = 16 if AVX512 else 8
+BLOCK_TILE = 8  # output pixels whose tap sums taps_block_f32 runs side by side (each its own fma chain)
+_VB = ir.VectorType(_F32, BLOCK)
 
 
-def _transpose16(builder, rows: list) -> list:
-    """The 16x16 transpose of 16 vectors of 16 lanes (rows[i][j] -> out[j][i]) in 4 rounds of 16 two-source
-    shuffles: round k swaps bit k of the row index with bit k of the lane index."""
-    for k in range(4):
+def _transpose_block(builder, rows: list) -> list:
+    """The BLOCK x BLOCK transpose of BLOCK vectors of BLOCK lanes (rows[i][j] -> out[j][i]) in log2(BLOCK) rounds
+    of BLOCK two-source shuffles: round k swaps bit k of the row index with bit k of the lane index."""
+    for k in range(BLOCK.bit_length() - 1):
         d = 1 << k
         lo = ir.Constant(ir.VectorType(_I32, BLOCK), [c if not c & d else BLOCK + (c ^ d) for c in range(BLOCK)])
         hi = ir.Constant(ir.VectorType(_I32, BLOCK), [c | d if not c & d else BLOCK + c for c in range(BLOCK)])
@@ -447,8 +449,9 @@ def _transpose16(builder, rows: list) -> list:
     return rows
 
 
-def _transpose16_codegen(scattered: bool):
-    """transpose16_f32's code (column j stored at at + j * pitch) or transpose16_to_f32's (at at + where[w_at + j])."""
+def _transpose_block_codegen(scattered: bool):
+    """transpose_block_f32's code (column j stored at at + j * pitch) or transpose_block_to_f32's (at at +
+    where[w_at + j])."""
     src = 4 if scattered else 3  # (dst, at, where, w_at, src, ...) or (dst, at, pitch, src, ...)
 
     def codegen(context, builder, sig, args):
@@ -458,52 +461,71 @@ def _transpose16_codegen(scattered: bool):
         at_, step_, start_, spitch_, rows_, cols_ = (builder.sext(args[i], _I64) if args[i].type.width < 64
                                                      else args[i] for i in (1, src - 1, *range(src + 1, src + 5)))
         none = ir.Constant(ir.VectorType(ir.IntType(1), BLOCK), None)
-        col_mask, row_mask = _first_lanes(builder, cols_, BLOCK), _first_lanes(builder, rows_, BLOCK)
-        loaded = []
-        for i in range(BLOCK):  # a row past `rows`: an empty mask, nothing read, zeros
-            live = builder.icmp_signed("<", ir.Constant(_I64, i), rows_)
-            ptr = builder.gep(sp, [builder.add(start_, builder.mul(ir.Constant(_I64, i), spitch_))])
-            loaded.append(_masked(builder, "load", _V16, ptr, builder.select(live, col_mask, none)))
-        for j, v in enumerate(_transpose16(builder, loaded)):
-            live = builder.icmp_signed("<", ir.Constant(_I64, j), cols_)
-            if scattered:  # where[w_at + j] read only for a live column (in bounds)
-                k = builder.select(live, builder.add(step_, ir.Constant(_I64, j)), step_)
-                to = builder.add(at_, builder.load(builder.gep(wh, [k])))
-            else:
-                to = builder.add(at_, builder.mul(ir.Constant(_I64, j), step_))
-            _masked(builder, "store", _V16, builder.gep(dp, [to]), builder.select(live, row_mask, none), v)
+        block = ir.Constant(_I64, BLOCK)
+
+        def tile(whole: bool):
+            """The loads, the transpose and the stores; whole: a full tile, plain vector moves (AVX2's masked
+            stores are slow), else masked ones."""
+            col_mask, row_mask = _first_lanes(builder, cols_, BLOCK), _first_lanes(builder, rows_, BLOCK)
+            loaded = []
+            for i in range(BLOCK):  # a row past `rows`: an empty mask, nothing read, zeros
+                at = builder.add(start_, builder.mul(ir.Constant(_I64, i), spitch_))
+                if whole:
+                    loaded.append(_load_vec(builder, sp, at, _VB))
+                    continue
+                live = builder.icmp_signed("<", ir.Constant(_I64, i), rows_)
+                mask = builder.select(live, col_mask, none)
+                loaded.append(_masked(builder, "load", _VB, builder.gep(sp, [at]), mask))
+            for j, v in enumerate(_transpose_block(builder, loaded)):
+                live = builder.icmp_signed("<", ir.Constant(_I64, j), cols_)
+                if scattered:  # where[w_at + j] read only for a live column (in bounds)
+                    k = builder.select(live, builder.add(step_, ir.Constant(_I64, j)), step_)
+                    to = builder.add(at_, builder.load(builder.gep(wh, [k])))
+                else:
+                    to = builder.add(at_, builder.mul(ir.Constant(_I64, j), step_))
+                if whole:
+                    _store_vec(builder, v, dp, to)
+                else:
+                    _masked(builder, "store", _VB, builder.gep(dp, [to]), builder.select(live, row_mask, none), v)
+
+        full = builder.and_(builder.icmp_signed("==", rows_, block), builder.icmp_signed("==", cols_, block))
+        with builder.if_else(full) as (whole, part):
+            with whole:
+                tile(True)
+            with part:
+                tile(False)
         return context.get_dummy_value()
     return codegen
 
 
 @intrinsic
-def transpose16_f32(typingctx, dst, at, pitch, src, start, src_pitch, rows, cols):
-    """dst[at + j * pitch + i] = src[start + i * src_pitch + j] for i < rows and j < cols (both at most 16): a
-    16x16 tile transposed in registers (nothing read or written outside those elements). The channel-blocked
-    depthwise kernel's way from (pixel, 16 channels) vectors back to (channels, pixels) rows
+def transpose_block_f32(typingctx, dst, at, pitch, src, start, src_pitch, rows, cols):
+    """dst[at + j * pitch + i] = src[start + i * src_pitch + j] for i < rows and j < cols (both at most BLOCK): a
+    BLOCK x BLOCK tile transposed in registers (nothing read or written outside those elements). The channel-blocked
+    depthwise kernel's way from (pixel, BLOCK channels) vectors back to (channels, pixels) rows
     (conv_kernels.dw_blocks): 64 shuffles per tile, where element-wise copies took a load and a store each."""
     ints = all(isinstance(v, types.Integer) for v in (at, pitch, start, src_pitch, rows, cols))
     if not (_is_f32(dst) and _is_f32(src) and ints):
         return None
-    return types.void(dst, at, pitch, src, start, src_pitch, rows, cols), _transpose16_codegen(False)
+    return types.void(dst, at, pitch, src, start, src_pitch, rows, cols), _transpose_block_codegen(False)
 
 
 @intrinsic
-def transpose16_to_f32(typingctx, dst, at, where, w_at, src, start, src_pitch, rows, cols):
-    """transpose16_f32 with column j's vector stored at dst[at + where[w_at + j]] instead (each its own place): a
-    plane's pixels, 16 in a row of the flat plane, into the rows of a zero-padded buffer."""
+def transpose_block_to_f32(typingctx, dst, at, where, w_at, src, start, src_pitch, rows, cols):
+    """transpose_block_f32 with column j's vector stored at dst[at + where[w_at + j]] instead (each its own place): a
+    plane's pixels, BLOCK in a row of the flat plane, into the rows of a zero-padded buffer."""
     ints = all(isinstance(v, types.Integer) for v in (at, w_at, start, src_pitch, rows, cols))
     if not (_is_f32(dst) and _is_i64(where) and _is_f32(src) and ints):
         return None
-    return types.void(dst, at, where, w_at, src, start, src_pitch, rows, cols), _transpose16_codegen(True)
+    return types.void(dst, at, where, w_at, src, start, src_pitch, rows, cols), _transpose_block_codegen(True)
 
 
 @intrinsic
-def taps16_f32(typingctx, dst, at, src, start, step, count, weights, w_at, offsets):
-    """dst[at + 16 * p + l] = sum over t of weights[w_at + 16 * t + l] * src[start + step * p + offsets[t] + l] for
-    p < count and l < 16: `count` output pixels of 16 channels of a channel-blocked depthwise conv, each lane's taps
-    summed in order from 0.0, each added by fma (tap_rows_f32's order and rounding: the same bits), BLOCK_TILE
-    pixels side by side (one load of a tap's 16 weights feeds each of their fma chains)."""
+def taps_block_f32(typingctx, dst, at, src, start, step, count, weights, w_at, offsets):
+    """dst[at + B * p + l] = sum over t of weights[w_at + B * t + l] * src[start + step * p + offsets[t] + l] for
+    p < count and l < B (B = BLOCK): `count` output pixels of B channels of a channel-blocked depthwise conv, each
+    lane's taps summed in order from 0.0, each added by fma (tap_rows_f32's order and rounding: the same bits),
+    BLOCK_TILE pixels side by side (one load of a tap's B weights feeds each of their fma chains)."""
     ints = all(isinstance(v, types.Integer) for v in (at, start, step, count, w_at))
     if not (_is_f32(dst) and _is_f32(src) and ints and _is_f32(weights) and _is_i64(offsets)):
         return None
@@ -523,12 +545,12 @@ def taps16_f32(typingctx, dst, at, src, start, step, count, weights, w_at, offse
                       for j in range(count)]
 
             def tap(t, accs):
-                w = _load_vec(builder, wp, builder.add(wat_, builder.mul(t, ir.Constant(_I64, BLOCK))), _V16)
+                w = _load_vec(builder, wp, builder.add(wat_, builder.mul(t, ir.Constant(_I64, BLOCK))), _VB)
                 off = builder.load(builder.gep(op, [t]))
-                return [_fma(builder, w, _load_vec(builder, sp, builder.add(pos, off), _V16), acc)
+                return [_fma(builder, w, _load_vec(builder, sp, builder.add(pos, off), _VB), acc)
                         for pos, acc in zip(src_at, accs)]
 
-            accs = _block_loop(builder, ir.Constant(_I64, 0), ntaps, [ir.Constant(_V16, None)] * count, tap)
+            accs = _block_loop(builder, ir.Constant(_I64, 0), ntaps, [ir.Constant(_VB, None)] * count, tap)
             for j, v in enumerate(accs):
                 pix = builder.add(first, ir.Constant(_I64, j))
                 _store_vec(builder, v, dp, builder.add(at_, builder.mul(pix, ir.Constant(_I64, BLOCK))))

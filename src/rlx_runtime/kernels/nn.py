@@ -253,7 +253,7 @@ def _conv_path(a, shape: tuple, dtype, w: np.ndarray, epilogue, bound: bool = Fa
         out_sp = [window_count(shape[2 + i], w.shape[2 + i], strides[i], dil[i], pads[i], pads[i + 2])
                   for i in range(2)]
         if conv_taps.use_depthwise(shape, dtype, w, a["group"]):
-            if conv_taps.use_blocked(w.shape, out_sp):
+            if conv_taps.use_blocked(w.shape, out_sp, strides):
                 bp = conv_taps.BlockPlan(shape, w, strides, dil, pads, out_sp)
                 if bound:
                     return _prepared(lambda res: conv_taps.prepare_blocked(bp, epilogue, res), bp.out_shape,
