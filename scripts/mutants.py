@@ -255,8 +255,8 @@ MUTANTS = [
              "tap_rows_f32(out, c * oh * ow, ow, phases, 0, ow, oh,"),),
            ("test_conv_paths.py",)),
     Mutant("blocked_taps_mul_then_add", "the blocked depthwise kernel adds each product by fma",
-           (("rlx_runtime/simd.py", "[_fma(builder, w, _load_vec(builder, sp, builder.add(pos, off), _VB), acc)",
-             "[builder.fadd(acc, builder.fmul(w, _load_vec(builder, sp, builder.add(pos, off), _VB)))"),),
+           (("rlx_runtime/simd.py", "[_fma(builder, w, _load_vec(builder, sp, builder.add(pos, off), vb), acc)",
+             "[builder.fadd(acc, builder.fmul(w, _load_vec(builder, sp, builder.add(pos, off), vb)))"),),
            ("test_simd_kernels.py", "test_conv_paths.py")),
     Mutant("blocked_padding_rows_kept", "a band's rows above or below the input are zero in the blocked buffer",
            (("rlx_runtime/conv_kernels.py", "buf[(i - first) * row:(i - first + 1) * row] = 0.0",
@@ -298,8 +298,8 @@ MUTANTS = [
            (("rlx_runtime/conv_taps.py", "few_taps and tuple(strides) == (1, 1) and", "few_taps and"),),
            ("test_conv_paths.py",)),
     Mutant("blocked_full_tile_by_rows_only", "a transposed tile takes the plain moves only when whole both ways",
-           (("rlx_runtime/simd.py", 'builder.and_(builder.icmp_signed("==", rows_, block), builder.icmp_signed("==", '
-             'cols_, block))', 'builder.icmp_signed("==", rows_, block)'),),
+           (("rlx_runtime/simd.py", 'builder.and_(builder.icmp_signed("==", rows_, block_), builder.icmp_signed("==", '
+             'cols_, block_))', 'builder.icmp_signed("==", rows_, block_)'),),
            ("test_simd_kernels.py",)),
     Mutant("pointwise_small_planes_skinny", "pointwise convs on planes under MIN_PIXELS go to the BLAS",
            (("rlx_runtime/conv_pointwise.py", "and pixels >= MIN_PIXELS", ""),),

@@ -360,13 +360,16 @@ def test_tap_rows_sum_each_output_by_fma_in_tap_order(rows, count, pitch, src_pi
     assert np.all(dst[~written] == 7.0)
 
 # ------------------------------------------------ the channel-blocked depthwise kernel's tiles (conv_kernels.dw_blocks)
-@pytest.fixture(scope="module")
-def blocked_tiles():
+@pytest.fixture(scope="module", params=[16, 8], ids=["16-channel-blocks", "8-channel-blocks"])
+def blocked_tiles(request):
+    """(block, transpose, transpose_to, taps): njit wrappers of the tile intrinsics built for blocks of 16
+    channels (AVX-512's) and of 8 (AVX2's), whichever this CPU takes."""
     from rlx_format.numba_setup import numba
-    from rlx_runtime.simd import taps_block_f32, transpose_block_f32, transpose_block_to_f32
+    from rlx_runtime.simd import block_intrinsics
 
-    return (numba.njit(lambda *a: transpose_block_f32(*a)), numba.njit(lambda *a: transpose_block_to_f32(*a)),
-            numba.njit(lambda *a: taps_block_f32(*a)))
+    transpose, transpose_to, taps = block_intrinsics(request.param)
+    return (request.param, numba.njit(lambda *a: transpose(*a)), numba.njit(lambda *a: transpose_to(*a)),
+            numba.njit(lambda *a: taps(*a)))
 
 
 @pytest.mark.parametrize("scattered", [False, True])
@@ -374,8 +377,7 @@ def test_transpose_block_moves_exactly_the_tile(blocked_tiles, scattered):
     """transpose_block_f32 / transpose_block_to_f32: dst[at + j * pitch + i] (or at + where[w_at + j]) = src[start +
     i * src_pitch + j] for every i < rows, j < cols (0-BLOCK each: the full tile's plain moves and the masked
     ones), NaN payloads kept; nothing else written."""
-    from rlx_runtime.simd import BLOCK
-    transpose, transpose_to, _ = blocked_tiles
+    BLOCK, transpose, transpose_to, _ = blocked_tiles
     pitch, src_pitch, at, start, w_at = 19, 23, 4, 6, 3
     where = R.permutation(np.arange(BLOCK, dtype=np.int64) * pitch)  # each column its own place
     where = np.concatenate([np.full(w_at, -10**9, np.int64), where])  # nothing before w_at is read
@@ -400,8 +402,7 @@ def test_taps_block_sums_each_lane_by_fma_in_tap_order(blocked_tiles, count):
     """taps_block_f32: lane l of output pixel p is weights[w_at + B t + l] * src[start + step p + offsets[t] + l]
     added by fma in order of t from 0.0 (B = BLOCK), bit for bit (the tiles of 8 pixels and every rest); nothing else
     written."""
-    from rlx_runtime.simd import BLOCK as B
-    taps = blocked_tiles[2]
+    B, taps = blocked_tiles[0], blocked_tiles[3]
     ntaps, step, start, at, w_at = 7, 3 * B, 5, B, 2 * B
     weights = R.standard_normal(w_at + B * ntaps).astype(np.float32)
     offsets = np.array([0, 1, 2, 10, 11, 21, 3], np.int64) * B

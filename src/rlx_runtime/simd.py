@@ -430,18 +430,17 @@ def tap_rows_f32(typingctx, dst, at, pitch, src, start, src_pitch, rows, count, 
 # with AVX2)
 BLOCK = 16 if AVX512 else 8
 BLOCK_TILE = 8  # output pixels whose tap sums taps_block_f32 runs side by side (each its own fma chain)
-_VB = ir.VectorType(_F32, BLOCK)
 
 
-def _transpose_block(builder, rows: list) -> list:
-    """The BLOCK x BLOCK transpose of BLOCK vectors of BLOCK lanes (rows[i][j] -> out[j][i]) in log2(BLOCK) rounds
-    of BLOCK two-source shuffles: round k swaps bit k of the row index with bit k of the lane index."""
-    for k in range(BLOCK.bit_length() - 1):
+def _transpose_block(builder, rows: list, block: int) -> list:
+    """The block x block transpose of `block` vectors of `block` lanes (rows[i][j] -> out[j][i]) in log2(block)
+    rounds of `block` two-source shuffles: round k swaps bit k of the row index with bit k of the lane index."""
+    for k in range(block.bit_length() - 1):
         d = 1 << k
-        lo = ir.Constant(ir.VectorType(_I32, BLOCK), [c if not c & d else BLOCK + (c ^ d) for c in range(BLOCK)])
-        hi = ir.Constant(ir.VectorType(_I32, BLOCK), [c | d if not c & d else BLOCK + c for c in range(BLOCK)])
+        lo = ir.Constant(ir.VectorType(_I32, block), [c if not c & d else block + (c ^ d) for c in range(block)])
+        hi = ir.Constant(ir.VectorType(_I32, block), [c | d if not c & d else block + c for c in range(block)])
         new = list(rows)
-        for i in range(BLOCK):
+        for i in range(block):
             if not i & d:
                 new[i] = builder.shuffle_vector(rows[i], rows[i | d], lo)
                 new[i | d] = builder.shuffle_vector(rows[i], rows[i | d], hi)
@@ -449,10 +448,11 @@ def _transpose_block(builder, rows: list) -> list:
     return rows
 
 
-def _transpose_block_codegen(scattered: bool):
+def _transpose_block_codegen(scattered: bool, block: int):
     """transpose_block_f32's code (column j stored at at + j * pitch) or transpose_block_to_f32's (at at +
-    where[w_at + j])."""
+    where[w_at + j]), for tiles of `block` x `block`."""
     src = 4 if scattered else 3  # (dst, at, where, w_at, src, ...) or (dst, at, pitch, src, ...)
+    vb = ir.VectorType(_F32, block)
 
     def codegen(context, builder, sig, args):
         dp, sp = (_data(context, builder, sig.args[i], args[i]).data for i in (0, src))
@@ -460,23 +460,23 @@ def _transpose_block_codegen(scattered: bool):
         # step_: w_at or pitch
         at_, step_, start_, spitch_, rows_, cols_ = (builder.sext(args[i], _I64) if args[i].type.width < 64
                                                      else args[i] for i in (1, src - 1, *range(src + 1, src + 5)))
-        none = ir.Constant(ir.VectorType(ir.IntType(1), BLOCK), None)
-        block = ir.Constant(_I64, BLOCK)
+        none = ir.Constant(ir.VectorType(ir.IntType(1), block), None)
+        block_ = ir.Constant(_I64, block)
 
         def tile(whole: bool):
             """The loads, the transpose and the stores; whole: a full tile, plain vector moves (AVX2's masked
             stores are slow), else masked ones."""
-            col_mask, row_mask = _first_lanes(builder, cols_, BLOCK), _first_lanes(builder, rows_, BLOCK)
+            col_mask, row_mask = _first_lanes(builder, cols_, block), _first_lanes(builder, rows_, block)
             loaded = []
-            for i in range(BLOCK):  # a row past `rows`: an empty mask, nothing read, zeros
+            for i in range(block):  # a row past `rows`: an empty mask, nothing read, zeros
                 at = builder.add(start_, builder.mul(ir.Constant(_I64, i), spitch_))
                 if whole:
-                    loaded.append(_load_vec(builder, sp, at, _VB))
+                    loaded.append(_load_vec(builder, sp, at, vb))
                     continue
                 live = builder.icmp_signed("<", ir.Constant(_I64, i), rows_)
                 mask = builder.select(live, col_mask, none)
-                loaded.append(_masked(builder, "load", _VB, builder.gep(sp, [at]), mask))
-            for j, v in enumerate(_transpose_block(builder, loaded)):
+                loaded.append(_masked(builder, "load", vb, builder.gep(sp, [at]), mask))
+            for j, v in enumerate(_transpose_block(builder, loaded, block)):
                 live = builder.icmp_signed("<", ir.Constant(_I64, j), cols_)
                 if scattered:  # where[w_at + j] read only for a live column (in bounds)
                     k = builder.select(live, builder.add(step_, ir.Constant(_I64, j)), step_)
@@ -486,9 +486,9 @@ def _transpose_block_codegen(scattered: bool):
                 if whole:
                     _store_vec(builder, v, dp, to)
                 else:
-                    _masked(builder, "store", _VB, builder.gep(dp, [to]), builder.select(live, row_mask, none), v)
+                    _masked(builder, "store", vb, builder.gep(dp, [to]), builder.select(live, row_mask, none), v)
 
-        full = builder.and_(builder.icmp_signed("==", rows_, block), builder.icmp_signed("==", cols_, block))
+        full = builder.and_(builder.icmp_signed("==", rows_, block_), builder.icmp_signed("==", cols_, block_))
         with builder.if_else(full) as (whole, part):
             with whole:
                 tile(True)
@@ -498,37 +498,9 @@ def _transpose_block_codegen(scattered: bool):
     return codegen
 
 
-@intrinsic
-def transpose_block_f32(typingctx, dst, at, pitch, src, start, src_pitch, rows, cols):
-    """dst[at + j * pitch + i] = src[start + i * src_pitch + j] for i < rows and j < cols (both at most BLOCK): a
-    BLOCK x BLOCK tile transposed in registers (nothing read or written outside those elements). The channel-blocked
-    depthwise kernel's way from (pixel, BLOCK channels) vectors back to (channels, pixels) rows
-    (conv_kernels.dw_blocks): 64 shuffles per tile, where element-wise copies took a load and a store each."""
-    ints = all(isinstance(v, types.Integer) for v in (at, pitch, start, src_pitch, rows, cols))
-    if not (_is_f32(dst) and _is_f32(src) and ints):
-        return None
-    return types.void(dst, at, pitch, src, start, src_pitch, rows, cols), _transpose_block_codegen(False)
-
-
-@intrinsic
-def transpose_block_to_f32(typingctx, dst, at, where, w_at, src, start, src_pitch, rows, cols):
-    """transpose_block_f32 with column j's vector stored at dst[at + where[w_at + j]] instead (each its own place): a
-    plane's pixels, BLOCK in a row of the flat plane, into the rows of a zero-padded buffer."""
-    ints = all(isinstance(v, types.Integer) for v in (at, w_at, start, src_pitch, rows, cols))
-    if not (_is_f32(dst) and _is_i64(where) and _is_f32(src) and ints):
-        return None
-    return types.void(dst, at, where, w_at, src, start, src_pitch, rows, cols), _transpose_block_codegen(True)
-
-
-@intrinsic
-def taps_block_f32(typingctx, dst, at, src, start, step, count, weights, w_at, offsets):
-    """dst[at + B * p + l] = sum over t of weights[w_at + B * t + l] * src[start + step * p + offsets[t] + l] for
-    p < count and l < B (B = BLOCK): `count` output pixels of B channels of a channel-blocked depthwise conv, each
-    lane's taps summed in order from 0.0, each added by fma (tap_rows_f32's order and rounding: the same bits),
-    BLOCK_TILE pixels side by side (one load of a tap's B weights feeds each of their fma chains)."""
-    ints = all(isinstance(v, types.Integer) for v in (at, start, step, count, w_at))
-    if not (_is_f32(dst) and _is_f32(src) and ints and _is_f32(weights) and _is_i64(offsets)):
-        return None
+def _taps_block_codegen(block: int):
+    """taps_block_f32's code for blocks of `block` channels."""
+    vb = ir.VectorType(_F32, block)
 
     def codegen(context, builder, sig, args):
         dp = _data(context, builder, sig.args[0], args[0]).data
@@ -545,20 +517,63 @@ def taps_block_f32(typingctx, dst, at, src, start, step, count, weights, w_at, o
                       for j in range(count)]
 
             def tap(t, accs):
-                w = _load_vec(builder, wp, builder.add(wat_, builder.mul(t, ir.Constant(_I64, BLOCK))), _VB)
+                w = _load_vec(builder, wp, builder.add(wat_, builder.mul(t, ir.Constant(_I64, block))), vb)
                 off = builder.load(builder.gep(op, [t]))
-                return [_fma(builder, w, _load_vec(builder, sp, builder.add(pos, off), _VB), acc)
+                return [_fma(builder, w, _load_vec(builder, sp, builder.add(pos, off), vb), acc)
                         for pos, acc in zip(src_at, accs)]
 
-            accs = _block_loop(builder, ir.Constant(_I64, 0), ntaps, [ir.Constant(_VB, None)] * count, tap)
+            accs = _block_loop(builder, ir.Constant(_I64, 0), ntaps, [ir.Constant(vb, None)] * count, tap)
             for j, v in enumerate(accs):
                 pix = builder.add(first, ir.Constant(_I64, j))
-                _store_vec(builder, v, dp, builder.add(at_, builder.mul(pix, ir.Constant(_I64, BLOCK))))
+                _store_vec(builder, v, dp, builder.add(at_, builder.mul(pix, ir.Constant(_I64, block))))
 
         _in_tiles(builder, n, BLOCK_TILE, pixels)
         return context.get_dummy_value()
+    return codegen
 
-    return types.void(dst, at, src, start, step, count, weights, w_at, offsets), codegen
+
+def block_intrinsics(block: int = BLOCK) -> tuple:
+    """(transpose_block_f32, transpose_block_to_f32, taps_block_f32) for blocks of `block` channels (a power of
+    two); the module's are BLOCK's (tests build the other size too: both must move and sum the same way)."""
+    @intrinsic
+    def transpose_block_f32(typingctx, dst, at, pitch, src, start, src_pitch, rows, cols):
+        ints = all(isinstance(v, types.Integer) for v in (at, pitch, start, src_pitch, rows, cols))
+        if not (_is_f32(dst) and _is_f32(src) and ints):
+            return None
+        return types.void(dst, at, pitch, src, start, src_pitch, rows, cols), _transpose_block_codegen(False, block)
+
+    @intrinsic
+    def transpose_block_to_f32(typingctx, dst, at, where, w_at, src, start, src_pitch, rows, cols):
+        ints = all(isinstance(v, types.Integer) for v in (at, w_at, start, src_pitch, rows, cols))
+        if not (_is_f32(dst) and _is_i64(where) and _is_f32(src) and ints):
+            return None
+        return (types.void(dst, at, where, w_at, src, start, src_pitch, rows, cols),
+                _transpose_block_codegen(True, block))
+
+    @intrinsic
+    def taps_block_f32(typingctx, dst, at, src, start, step, count, weights, w_at, offsets):
+        ints = all(isinstance(v, types.Integer) for v in (at, start, step, count, w_at))
+        if not (_is_f32(dst) and _is_f32(src) and ints and _is_f32(weights) and _is_i64(offsets)):
+            return None
+        return types.void(dst, at, src, start, step, count, weights, w_at, offsets), _taps_block_codegen(block)
+
+    return transpose_block_f32, transpose_block_to_f32, taps_block_f32
+
+
+# transpose_block_f32(dst, at, pitch, src, start, src_pitch, rows, cols): dst[at + j * pitch + i] = src[start + i *
+# src_pitch + j] for i < rows and j < cols (both at most BLOCK): a BLOCK x BLOCK tile transposed in registers
+# (nothing read or written outside those elements). The channel-blocked depthwise kernel's way from (pixel, BLOCK
+# channels) vectors back to (channels, pixels) rows (conv_kernels.dw_blocks): 64 shuffles per 16 x 16 tile, where
+# element-wise copies took a load and a store each.
+# transpose_block_to_f32(dst, at, where, w_at, src, start, src_pitch, rows, cols): transpose_block_f32 with column
+# j's vector stored at dst[at + where[w_at + j]] instead (each its own place): a plane's pixels, BLOCK in a row of
+# the flat plane, into the rows of a zero-padded buffer.
+# taps_block_f32(dst, at, src, start, step, count, weights, w_at, offsets): dst[at + B * p + l] = sum over t of
+# weights[w_at + B * t + l] * src[start + step * p + offsets[t] + l] for p < count and l < B (B = BLOCK): `count`
+# output pixels of B channels of a channel-blocked depthwise conv, each lane's taps summed in order from 0.0, each
+# added by fma (tap_rows_f32's order and rounding: the same bits), BLOCK_TILE pixels side by side (one load of a
+# tap's B weights feeds each of their fma chains).
+transpose_block_f32, transpose_block_to_f32, taps_block_f32 = block_intrinsics()
 
 
 SKINNY_ROWS = 8  # rows of x that skinny_f32 and gather_f32 take per call
