@@ -375,17 +375,17 @@ def blocked_tiles(request):
 @pytest.mark.parametrize("scattered", [False, True])
 def test_transpose_block_moves_exactly_the_tile(blocked_tiles, scattered):
     """transpose_block_f32 / transpose_block_to_f32: dst[at + j * pitch + i] (or at + where[w_at + j]) = src[start +
-    i * src_pitch + j] for every i < rows, j < cols (0-BLOCK each: the full tile's plain moves and the masked
+    i * src_pitch + j] for every i < rows, j < cols (0-block each: the full tile's plain moves and the masked
     ones), NaN payloads kept; nothing else written."""
-    BLOCK, transpose, transpose_to, _ = blocked_tiles
+    block, transpose, transpose_to, _ = blocked_tiles
     pitch, src_pitch, at, start, w_at = 19, 23, 4, 6, 3
-    where = R.permutation(np.arange(BLOCK, dtype=np.int64) * pitch)  # each column its own place
+    where = R.permutation(np.arange(block, dtype=np.int64) * pitch)  # each column its own place
     where = np.concatenate([np.full(w_at, -10**9, np.int64), where])  # nothing before w_at is read
-    for rows in range(BLOCK + 1):
-        for cols in range(BLOCK + 1):
-            src = R.standard_normal(start + BLOCK * src_pitch + BLOCK).astype(np.float32)
+    for rows in range(block + 1):
+        for cols in range(block + 1):
+            src = R.standard_normal(start + block * src_pitch + block).astype(np.float32)
             src[start + 2] = np.frombuffer(np.uint32(0x7FC01234).tobytes(), np.float32)[0]  # a NaN with a payload
-            dst = np.full(at + BLOCK * pitch + BLOCK, 7.0, np.float32)
+            dst = np.full(at + block * pitch + block, 7.0, np.float32)
             if scattered:
                 transpose_to(dst, at, where, w_at, src, start, src_pitch, rows, cols)
             else:

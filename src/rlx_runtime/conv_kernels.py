@@ -267,7 +267,7 @@ def dw_blocks(x, taps, offsets, where, y, n, k0, k1, g0, g1, buf, out_rows, sh, 
                 transpose_block_to_f32(buf, -first * row, where, p, xf, src + p, h * w, count, min(BLOCK, p1 - p))
             for g in range(b0, b1):
                 taps_block_f32(out_rows, (g - b0) * ow * BLOCK, buf, (g - b0) * sh * row, sw * BLOCK, ow, taps[k], 0,
-                           offsets)
+                               offsets)
             q0, q1 = b0 * ow, b1 * ow
             for q in range(q0, q1, BLOCK):
                 transpose_block_f32(out, c0 * oh * ow + q, oh * ow, out_rows, (q - q0) * BLOCK, BLOCK,

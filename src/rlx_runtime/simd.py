@@ -466,7 +466,8 @@ def _transpose_block_codegen(scattered: bool, block: int):
         def tile(whole: bool):
             """The loads, the transpose and the stores; whole: a full tile, plain vector moves (AVX2's masked
             stores are slow), else masked ones."""
-            col_mask, row_mask = _first_lanes(builder, cols_, block), _first_lanes(builder, rows_, block)
+            if not whole:
+                col_mask, row_mask = _first_lanes(builder, cols_, block), _first_lanes(builder, rows_, block)
             loaded = []
             for i in range(block):  # a row past `rows`: an empty mask, nothing read, zeros
                 at = builder.add(start_, builder.mul(ir.Constant(_I64, i), spitch_))
