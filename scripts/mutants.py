@@ -301,6 +301,12 @@ MUTANTS = [
            (("rlx_runtime/simd.py", 'builder.and_(builder.icmp_signed("==", rows_, block_), builder.icmp_signed("==", '
              'cols_, block_))', 'builder.icmp_signed("==", rows_, block_)'),),
            ("test_simd_kernels.py",)),
+    Mutant("gemv_halves_by_columns", "a one-row product over row-major weights: each thread one half of the rows",
+           (("rlx_runtime/threads.py", "cols = chunk_edges(n, threads // 2)", "cols = chunk_edges(n, threads)"),),
+           ("test_threads.py",)),
+    Mutant("gemv_halves_uneven", "the compiled one-thread GEMV sums the same halves as the pool's",
+           (("rlx_runtime/pool_kernels.py", "    h = k // 2\n    ldw", "    h = (k + 1) // 2\n    ldw"),),
+           ("test_threads.py",)),
     Mutant("pointwise_small_planes_skinny", "pointwise convs on planes under MIN_PIXELS go to the BLAS",
            (("rlx_runtime/conv_pointwise.py", "and pixels >= MIN_PIXELS", ""),),
            ("test_conv_paths.py",)),

@@ -56,6 +56,47 @@ def test_split_matmul_equals_numpy(case, n):
     assert_same_dot_products(got, want, a, b)
 
 
+def _halves_want(a, b):
+    """a (1, k) @ b as the sum of the two GEMVs over b's halves of rows (each one single-threaded BLAS call)."""
+    h = b.shape[0] // 2
+    with threadpool_limits(limits=1, user_api="blas"):
+        return np.matmul(a[:, :h], b[:h]) + np.matmul(a[:, h:], b[h:])
+
+
+@pytest.mark.parametrize("case", ["one row times a wide matrix", "one strided row", "odd inner size"])
+def test_a_one_row_product_over_row_major_weights_sums_their_halves_at_any_thread_count(case, monkeypatch):
+    from rlx_format.numba_setup import numba  # noqa: F401 - the native pool and the one-thread compiled call
+    from rlx_runtime.linear import ColumnBias
+    a, b = CASES["one row times a wide matrix"] if case == "odd inner size" else CASES[case]
+    if case == "odd inner size":
+        a, b = a[:, :899], b[:899]
+    bias = _f(b.shape[1])
+    want = _halves_want(a, b)
+    for n in (1, 2, 3):  # the same two GEMVs, run here or by the pool: the same bits
+        with threadpool_limits(limits=n, user_api="blas"), forward_threads():
+            np.testing.assert_array_equal(matmul(a, b), want, err_msg=f"{n} threads")
+            np.testing.assert_array_equal(matmul(a, b, ColumnBias(bias)), want + bias, err_msg=f"{n} threads")
+    with threadpool_limits(limits=4, user_api="blas"), forward_threads():
+        # each half split by columns too (OpenBLAS's Haswell kernels round some elements at the edges differently)
+        assert_same_dot_products(matmul(a, b), want, a, b)
+    gemvs = []
+    monkeypatch.setattr(threads.Steps, "gemv", lambda self, x, w, out: gemvs.append((self.rows, w.shape, w.base)))
+    with threadpool_limits(limits=2, user_api="blas"), forward_threads():
+        matmul(a, b)
+    # two threads: each chunk one GEMV over a whole half of b's rows (contiguous memory), not a strip of every row
+    k, n = b.shape
+    assert [s for _, s, _ in gemvs] == [(k // 2, n), (k - k // 2, n)]
+
+
+def test_a_one_row_product_sums_the_same_halves_without_numba(monkeypatch):
+    a, b = CASES["one row times a wide matrix"]
+    want = _halves_want(a, b)
+    monkeypatch.setattr(threads, "_kernels", lambda: None)
+    for n in (1, 2):  # numpy's matmul on each half (two threads: on the BLAS's own threads)
+        with threadpool_limits(limits=n, user_api="blas"), forward_threads():
+            assert_same_dot_products(matmul(a, b), want, a, b)
+
+
 def test_int_and_mixed_dtypes_fall_back_to_numpy():
     a, b = R.integers(-5, 5, (300, 200)), R.integers(-5, 5, (200, 300))
     with threadpool_limits(limits=2, user_api="blas"), forward_threads():

@@ -402,6 +402,25 @@ def put_gemv(ti, tf, r, fn, wide, a, b, out):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True)
+def gemv_halves(fn, wide, a, b, out, part):  # pragma: no cover - compiled
+    """out[:] = a[0, :h] @ b[:h] + a[0, h:] @ b[h:], h = k // 2: two GEMVs through cblas_sgemv at `fn` over b's
+    halves of rows on this thread, into out and part (float32, 1-D of n), then their sum (threads._gemv_in_halves;
+    b's rows contiguous, a one row)."""
+    k, n = b.shape
+    h = k // 2
+    ldw, incx = b.strides[0] // b.itemsize, a.strides[1] // a.itemsize
+    for k0, k1, dst in ((0, h, out), (h, k, part)):
+        args = (101, _TRANS, k1 - k0, n, 1.0, b[k0:].ctypes.data, ldw, a[:, k0:].ctypes.data, incx, 0.0,
+                dst.ctypes.data, 1)
+        if wide:
+            _sgemv64(fn, args)
+        else:
+            _sgemv32(fn, args)
+    for i in range(n):
+        out[i] += part[i]
+
+
+@numba.njit(cache=True, nogil=True)
 def put_bias_act(ti, tf, r, y, b0, b1, r0, r1, c0, c1, groups, bias, has_bias, act, has_lo, has_hi, alpha,
                  beta, lo, hi, res, has_res):  # pragma: no cover - compiled
     """Row r: conv_kernels.bias_act_block on block [b0, b1) x [r0, r1) x [c0, c1) of y (B, M, N) float32."""

@@ -23,7 +23,9 @@ of the chunk number, for work that is numpy calls. Until numba is loaded every j
 Each GEMM chunk is one single-threaded BLAS call over the whole inner dimension, so every output element is the
 same dot product as in the unsplit call, up to the order the BLAS kernel sums it in: OpenBLAS's SkylakeX
 kernels give the same bits however the output is split, its Haswell kernels round some elements differently
-at chunk edges (tests/test_threads.py bounds the difference as a dot product's).
+at chunk edges (tests/test_threads.py bounds the difference as a dot product's). One exception, at any thread count: a
+one-row product over row-major weights (a decoding step's GEMV) is the sum of two GEMVs over the weights' halves of
+rows (_gemv_in_halves), so that two threads each stream contiguous memory.
 """
 
 from __future__ import annotations
@@ -679,6 +681,39 @@ _MIN_GEMV_SPLIT = 1 << 18
 _MIN_PYTHON_SPLIT = 1 << 22
 
 
+def _gemv_in_halves(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None) -> np.ndarray:
+    """a (1, k) @ b (k, n), float32 with b's rows contiguous, as the sum of two GEMVs over b's halves of rows, at
+    any thread count (so the values do not depend on it): on two threads each streams one contiguous half of b.
+    Split by columns, each thread read part of every row, and two threads streamed b no faster than one (measured
+    on Zen 3, 768x2304 weights from memory, OpenBLAS Haswell kernels: 14-26 GB/s in all against 25 on one thread;
+    by halves of rows 34 GB/s). Threads beyond two split each half's columns. `epilogue` runs on the summed row.
+    On one thread both halves run in one compiled call (numba loaded), else as two numpy calls."""
+    k, n = b.shape[0] // 2, b.shape[1]
+    out, part = np.empty((1, n), np.float32), np.empty((1, n), np.float32)
+    halves = ((slice(0, k), out), (slice(k, None), part))
+    threads = threads_in_use()
+    if threads > 1 and not blas_threads_instead(threads):
+        cols = chunk_edges(n, threads // 2)
+        with Steps(2 * (len(cols) - 1), True) as steps:
+            for rows, dst in halves:
+                for e0, e1 in zip(cols, cols[1:]):
+                    steps.gemv(a[:, rows], b[rows, e0:e1], dst[0, e0:e1])
+                    steps.end_chunk()
+            steps.run()
+        np.add(out, part, out=out)
+    elif threads == 1 and _kernels() is not None:
+        _kernels().gemv_halves(_address(_blas_controllers()[0].gemv[np.dtype(np.float32)]), _wide(), a, b, out[0],
+                               part[0])
+    else:
+        with blas_threads(threads) if threads > 1 else contextlib.nullcontext():
+            for rows, dst in halves:
+                np.matmul(a[:, rows], b[rows], out=dst)
+        np.add(out, part, out=out)
+    if epilogue is not None:
+        epilogue(out[None], 0, 1, 0, 1, 0, n)
+    return out
+
+
 def stream_rows(put: str, rows: int, work: int, arrays: tuple, width: int, run: Callable[[int, int], None]) -> None:
     """A streaming pass over `rows` rows of `width` (a squeeze-excite scale, channel means): split over the
     forward's threads when `work` is worth it, as a native job of pool_kernels.`put` rows (put(ti, tf, r,
@@ -710,6 +745,11 @@ def rows_in_chunks(rows: int, work: int, fn: Callable[[int, int], None]) -> None
 def _matmul_2d(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None) -> np.ndarray:
     m, n = a.shape[0], b.shape[1]
     work = m * n * a.shape[1]
+    if (m == 1 and a.dtype == b.dtype == np.float32 and work >= _MIN_GEMV_SPLIT and b.strides[1] == b.itemsize
+            and b.strides[0] % b.itemsize == 0 and b.strides[0] >= n * b.itemsize
+            and a.shape[1] >= 2 * _MIN_CHUNK and float_gemm(a.dtype) is not None
+            and a.dtype in _blas_controllers()[0].gemv):
+        return _gemv_in_halves(a, b, epilogue)
     threads = threads_for(work) if m > 1 else threads_in_use() if work >= _MIN_GEMV_SPLIT else 1
     if threads <= 1 or float_gemm(a.dtype) is None or a.shape[1] == 0:
         return _whole(a, b, epilogue)
