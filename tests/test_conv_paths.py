@@ -449,6 +449,31 @@ def test_which_convs_take_the_direct_path(xs, ws, group, dtype, grouped_epilogue
     assert conv_direct.use_direct(xs, dtype, np.zeros(ws, dtype), group, ep) is taken
 
 
+@pytest.mark.parametrize("xs,ws,strides,taken", [
+    ((1, 32, 80, 80), (64, 32, 3, 3), (2, 2), "avx512"),  # inner 288: AVX2_STRIDED_GEMM_INNER
+    ((1, 512, 14, 14), (512, 512, 3, 3), (2, 1), "avx512"),
+    ((1, 31, 80, 80), (64, 31, 3, 3), (2, 2), True),  # inner 279
+    ((1, 3, 224, 224), (64, 3, 7, 7), (2, 2), True),  # a stem
+    ((1, 512, 7, 7), (512, 512, 3, 3), (1, 1), True)], ids=str)
+def test_without_avx512_strided_convs_of_large_inner_size_take_the_gemm(xs, ws, strides, taken):
+    from rlx_runtime.simd import AVX512
+    want = AVX512 if taken == "avx512" else taken
+    assert conv_direct.use_direct(xs, np.float32, np.zeros(ws, np.float32), 1, None, strides) is want
+    assert conv_direct.use_direct(xs, np.float32, np.zeros(ws, np.float32), 1, None) is True  # stride 1
+
+
+@pytest.mark.parametrize("avx512", [True, False])
+def test_a_strided_conv_of_large_inner_size_matches_onnxruntime_on_either_path(avx512, monkeypatch):
+    from rlx_runtime.kernels import nn
+    xs, ws, attrs = (1, 40, 15, 13), (24, 40, 3, 3), {"pads": [1, 0, 1, 1], "strides": [2, 2]}
+    monkeypatch.setattr("rlx_runtime.simd.AVX512", avx512)
+    direct = _count_calls(monkeypatch, conv_direct, "run_direct")
+    gemm = _count_calls(monkeypatch, nn, "_im2col_numba")
+    w = RNG.standard_normal(ws).astype(np.float32)
+    _check_against_onnxruntime(xs, w, RNG.standard_normal(ws[0]).astype(np.float32), attrs, direct if avx512 else gemm)
+    assert not (gemm if avx512 else direct)
+
+
 # -------------------------------------------------------------- pointwise convs by simd.skinny_f32 (conv_pointwise.py)
 # (x shape, outputs): a masked last vector and outputs not a multiple of 8 (210 pixels, 37 channels), two images,
 # a 7x7 plane (49 pixels: split by output channels at 2 threads), a single 32-pixel vector, 512 input channels

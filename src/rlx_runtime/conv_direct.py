@@ -55,12 +55,25 @@ def _numba_side() -> tuple:
     return conv_kernels, simd, aligned
 
 
-def use_direct(shape: tuple, dtype, w: np.ndarray, group: int, epilogue) -> bool:
+# without AVX-512, strided convs from this inner dimension take im2col and the BLAS GEMM instead: there the direct
+# kernel's tile is two passes of 4 x 16 per block of 8 output channels (8 x 32 in one pass on AVX-512), and on a
+# stride's phases it ran 1.2-2x OpenBLAS's Haswell GEMM. Measured per conv (Zen 3, 1 / 2 threads), GEMM against
+# direct: 32->64 3x3/2 at 80x80 0.75x / 0.86x, 64->128 at 40x40 0.70x / 0.73x, ResNet-50's 128->128 at 56x56
+# 0.68x / 0.76x, 256->256 at 28x28 0.58x / 0.57x, 512->512 at 14x14 0.50x / 0.51x; 16->32 at 160x160 (inner 144)
+# 0.96x / 1.09x and the 3-channel stems 1.2-1.5x stay direct. (Stride 1 measured 0.7-0.95x alone but level to 1.36x
+# slower inside ResNet-50's forward: it stays direct.)
+AVX2_STRIDED_GEMM_INNER = 288
+
+
+def use_direct(shape: tuple, dtype, w: np.ndarray, group: int, epilogue, strides=(1, 1)) -> bool:
     """A group-1 float32 2-D conv (inputs of `shape`) with a kernel larger than 1x1, `epilogue` None or a one-group
-    conv_kernels.BiasActivation."""
+    conv_kernels.BiasActivation; without AVX-512, not a strided one of AVX2_STRIDED_GEMM_INNER inputs or more
+    (numba loaded: the caller checks)."""
+    inner = w.shape[1] * w.shape[2] * w.shape[3] if w.ndim == 4 else 0
     return (len(shape) == 4 and dtype == np.float32 and w.dtype == np.float32 and group == 1
-            and w.shape[2] * w.shape[3] > 1 and w.shape[1] * w.shape[2] * w.shape[3] <= MAX_INNER
-            and (epilogue is None or getattr(epilogue, "flags", (0,))[0] == 1))
+            and w.shape[2] * w.shape[3] > 1 and inner <= MAX_INNER
+            and (epilogue is None or getattr(epilogue, "flags", (0,))[0] == 1)
+            and (all(s == 1 for s in strides) or inner < AVX2_STRIDED_GEMM_INNER or _numba_side()[1].AVX512))
 
 
 class DirectPlan:

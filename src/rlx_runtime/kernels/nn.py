@@ -264,7 +264,7 @@ def _conv_path(a, shape: tuple, dtype, w: np.ndarray, epilogue, bound: bool = Fa
                 return _prepared(lambda res: conv_taps.prepare_taps(tp, epilogue, res), tp.out_shape, epilogue,
                                  lambda x, ep: conv_taps.run_taps(tp, x, ep))
             return lambda x, ep: conv_taps.run_taps(tp, x, ep)
-        if _numba_loaded() and conv_direct.use_direct(shape, dtype, w, a["group"], epilogue):
+        if _numba_loaded() and conv_direct.use_direct(shape, dtype, w, a["group"], epilogue, strides):
             dp = conv_direct.DirectPlan(shape, w, strides, dil, pads, out_sp)
             if bound:
                 return _prepared(lambda res: conv_direct.PreparedDirect(dp, epilogue, res), dp.out_shape, epilogue,
