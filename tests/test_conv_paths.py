@@ -492,6 +492,7 @@ def pointwise_calls(monkeypatch):
     from rlx_format.numba_setup import numba  # noqa: F401 - the path is taken once numba is loaded
     from rlx_runtime import conv_pointwise
     monkeypatch.setattr(conv_pointwise, "MIN_PIXELS", 0)  # the small planes here would go to the BLAS
+    monkeypatch.setattr(conv_pointwise, "AVX2_BLAS_PIXELS", 0)  # ...and without AVX-512 the 7x7 ones at one thread
     return count_pointwise_calls(monkeypatch)
 
 
@@ -557,6 +558,39 @@ def test_skinny_pointwise_fused_equals_unfused(xs, o, act, threads, pointwise_ca
     b = RNG.standard_normal(o).astype(np.float32)
     _assert_fused_gives_the_unfused_bits(_rlx_conv(xs, w, b, {}, act), xs, threads, monkeypatch)
     assert pointwise_calls
+
+
+@pytest.mark.parametrize("xs,o,up_to", [
+    ((1, 576, 7, 7), 96, 1),  # 2.7 M multiply-adds: the BLAS at one thread, this kernel split at more
+    ((1, 1152, 7, 7), 192, 1 << 30),  # 10.8 M: AVX2_BLAS_ALWAYS
+    ((2, 576, 7, 7), 96, 1 << 30),  # the images' too
+    ((1, 96, 9, 11), 288, 1),  # 99 pixels
+    ((1, 96, 10, 10), 288, 0),  # 100: AVX2_BLAS_PIXELS
+    ((1, 240, 14, 14), 40, 0)], ids=str)
+def test_without_avx512_small_planes_go_to_the_blas(xs, o, up_to, monkeypatch):
+    from rlx_format.numba_setup import numba  # noqa: F401 - the choice is made once numba is loaded
+    from rlx_runtime import conv_pointwise
+    w = np.zeros((o, xs[1], 1, 1), np.float32)
+    assert conv_pointwise.use_pointwise(xs, np.float32, w, None)
+    monkeypatch.setattr("rlx_runtime.simd.AVX512", False)
+    assert conv_pointwise.blas_up_to(xs, w) == up_to
+    monkeypatch.setattr("rlx_runtime.simd.AVX512", True)
+    assert conv_pointwise.blas_up_to(xs, w) == 0
+
+
+@pytest.mark.parametrize("threads,skinny", [(1, False), (2, True)])
+def test_a_small_plane_takes_the_blas_at_one_thread_and_this_kernel_split_at_more(threads, skinny, split_small,
+                                                                                   monkeypatch):
+    from rlx_format.numba_setup import numba  # noqa: F401 - the path is taken once numba is loaded
+    monkeypatch.setattr("rlx_runtime.simd.AVX512", False)
+    calls = count_pointwise_calls(monkeypatch)
+    xs, o = (1, 96, 7, 7), 144
+    w = (RNG.standard_normal((o, xs[1], 1, 1)) / np.sqrt(xs[1])).astype(np.float32)
+    b = RNG.standard_normal(o).astype(np.float32)
+    with threadpool_limits(threads, "blas"):
+        _assert_fused_gives_the_unfused_bits(_rlx_conv(xs, w, b, {}, "Relu"), xs, threads, monkeypatch)
+        _check_against_onnxruntime(xs, w, b, {}, [1])
+    assert bool(calls) is skinny
 
 
 def test_skinny_pointwise_clip_and_hard_swish_epilogues(pointwise_calls, monkeypatch):

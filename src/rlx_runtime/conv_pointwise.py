@@ -47,15 +47,36 @@ def _numba_side() -> tuple:
     return pool_kernels, simd, aligned
 
 
+# Without AVX-512 (skinny_f32's tile there: two passes of 4 x 16 per 8 output channels, each over all of x) convs on
+# planes under AVX2_BLAS_PIXELS pixels (7x7) go to the BLAS, at one thread only while their multiply-adds are under
+# AVX2_BLAS_ALWAYS (at more this kernel, split: see blas_up_to). Measured per step inside whole forwards, A/B in one
+# process (Zen 3, OpenBLAS's Haswell kernels), the BLAS's time / this kernel's: at 1 thread MobileNetV3-small's 7x7
+# convs 0.58-0.86, EfficientNet-B0's 0.60-0.71; at 2 threads MobileNetV3-small's (576x96 weights, 2.7 M
+# multiply-adds) 1.16-1.38 split and 1.23-1.49 unsplit, EfficientNet-B0's (1152x192, 10.8 M) 0.71-0.89 split. 14x14
+# planes were mixed (0.78-1.24 at 1 thread, 0.87-1.31 at 2) and larger ones slower (1.1-1.5, to 2.6 split): they
+# stay here.
+AVX2_BLAS_PIXELS = 100
+AVX2_BLAS_ALWAYS = 1 << 22
+
+
+def blas_up_to(shape: tuple, w: np.ndarray) -> int:
+    """For a conv that use_pointwise takes (numba loaded): the most threads at which the BLAS takes it instead
+    (0: never; 1: at one thread; a large number: always). See AVX2_BLAS_PIXELS."""
+    n, c, h, wd = shape
+    if h * wd >= AVX2_BLAS_PIXELS or _numba_side()[1].AVX512:
+        return 0
+    return 1 if n * c * h * wd * w.shape[0] < AVX2_BLAS_ALWAYS else 1 << 30
+
+
 def use_pointwise(shape: tuple, dtype, w: np.ndarray, epilogue) -> bool:
-    """For a pointwise 2-D conv (the caller checked its attrs) of float32 inputs of `shape` (n, c, h, w) and w
-    (o, c, 1, 1), with `epilogue` None or a one-group conv_kernels.BiasActivation: at most MAX_CHANNELS input
-    channels, more than MIN_OUTPUTS outputs per image, at least MIN_PIXELS pixels, and on planes under SMALL_PLANE
-    pixels fewer than SMALL_PLANE_WEIGHTS weights."""
-    pixels = shape[2] * shape[3]
-    return (dtype == np.float32 and w.dtype == np.float32 and shape[1] <= MAX_CHANNELS
-            and w.shape[0] * pixels > MIN_OUTPUTS and pixels >= MIN_PIXELS
-            and (pixels >= SMALL_PLANE or w.shape[0] * shape[1] < SMALL_PLANE_WEIGHTS)
+    """For a pointwise 2-D conv (the caller checked its attrs and that numba is loaded) of float32 inputs of `shape`
+    (n, c, h, w) and w (o, c, 1, 1), with `epilogue` None or a one-group conv_kernels.BiasActivation: at most
+    MAX_CHANNELS input channels, more than MIN_OUTPUTS outputs per image, at least MIN_PIXELS pixels, and on planes
+    under SMALL_PLANE pixels fewer than SMALL_PLANE_WEIGHTS weights (without AVX-512 see blas_up_to too)."""
+    pixels, c, o = shape[2] * shape[3], shape[1], w.shape[0]
+    return (dtype == np.float32 and w.dtype == np.float32 and c <= MAX_CHANNELS
+            and o * pixels > MIN_OUTPUTS and pixels >= MIN_PIXELS
+            and (pixels >= SMALL_PLANE or o * c < SMALL_PLANE_WEIGHTS)
             and (epilogue is None or getattr(epilogue, "flags", (0,))[0] == 1))
 
 

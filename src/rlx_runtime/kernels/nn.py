@@ -240,15 +240,21 @@ def _conv_path(a, shape: tuple, dtype, w: np.ndarray, epilogue, bound: bool = Fa
             if _pixel_conv_applies(shape, dtype, w, epilogue):
                 return lambda x, ep: _pixel_conv(a, x, w, ep)
             w2, out = w.reshape(o, c), (n, o, h, wd)
-            if _numba_loaded() and conv_pointwise.use_pointwise(shape, dtype, w, epilogue):
-                def pointwise(x, ep):
-                    return conv_pointwise.pointwise(w2, x.reshape(n, c, h * wd), ep).reshape(out)
-                if bound:
-                    return _prepared(lambda res: conv_pointwise.prepare_pointwise(w2, (n, c, h * wd), epilogue, res),
-                                     out, epilogue, pointwise)
-                return pointwise
-            return lambda x, ep: threads.matmul(w2, x.reshape(c, h * wd) if n == 1 else x.reshape(n, c, h * wd),
-                                                ep).reshape(out)
+
+            def blas(x, ep):
+                return threads.matmul(w2, x.reshape(c, h * wd) if n == 1 else x.reshape(n, c, h * wd), ep).reshape(out)
+            if not (_numba_loaded() and conv_pointwise.use_pointwise(shape, dtype, w, epilogue)):
+                return blas
+
+            def pointwise(x, ep):
+                return conv_pointwise.pointwise(w2, x.reshape(n, c, h * wd), ep).reshape(out)
+            skinny = pointwise if not bound else _prepared(
+                lambda res: conv_pointwise.prepare_pointwise(w2, (n, c, h * wd), epilogue, res), out, epilogue,
+                pointwise)
+            up_to = conv_pointwise.blas_up_to(shape, w)
+            if up_to == 0:
+                return skinny
+            return lambda x, ep: (blas if threads.threads_in_use() <= up_to else skinny)(x, ep)
         strides, dil, pads = _spatial(a, 2)
         out_sp = [window_count(shape[2 + i], w.shape[2 + i], strides[i], dil[i], pads[i], pads[i + 2])
                   for i in range(2)]
