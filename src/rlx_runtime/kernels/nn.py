@@ -251,10 +251,10 @@ def _conv_path(a, shape: tuple, dtype, w: np.ndarray, epilogue, bound: bool = Fa
             skinny = pointwise if not bound else _prepared(
                 lambda res: conv_pointwise.prepare_pointwise(w2, (n, c, h * wd), epilogue, res), out, epilogue,
                 pointwise)
-            up_to = conv_pointwise.blas_up_to(shape, w)
-            if up_to == 0:
-                return skinny
-            return lambda x, ep: (blas if threads.threads_in_use() <= up_to else skinny)(x, ep)
+            up_to = conv_pointwise.blas_up_to(shape, w)  # without AVX-512 the BLAS takes 7x7 planes (see there)
+            if up_to != 1:
+                return skinny if up_to == 0 else blas
+            return lambda x, ep: (blas if threads.threads_in_use() == 1 else skinny)(x, ep)
         strides, dil, pads = _spatial(a, 2)
         out_sp = [window_count(shape[2 + i], w.shape[2 + i], strides[i], dil[i], pads[i], pads[i + 2])
                   for i in range(2)]
