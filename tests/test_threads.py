@@ -41,12 +41,20 @@ CASES = {
     "one row times a transposed matrix": (_f(1, 900), _f(3000, 900).T),
     "one strided row": (_f(1, 1800)[:, ::2], _f(900, 3000)),
     "one row, float64": (_f(1, 900, dtype=np.float64), _f(900, 3000, dtype=np.float64)),
+    # a GEMV's x must advance: a broadcast row (stride 0) and a reversed one are copied first
+    "one broadcast row": (np.broadcast_to(_f(1, 1), (1, 900)), _f(900, 3000)),
+    "one reversed row times a transposed matrix": (_f(1, 900)[:, ::-1], _f(3000, 900).T),
 }
 
 
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("n", [1, 2, 3])
-def test_split_matmul_equals_numpy(case, n):
+@pytest.mark.parametrize("numba_loaded", [False, True])
+def test_split_matmul_equals_numpy(case, n, numba_loaded, monkeypatch):
+    if numba_loaded:
+        from rlx_format.numba_setup import numba  # noqa: F401 - the native pool's jobs and compiled calls
+    else:
+        monkeypatch.setattr(threads, "_kernels", lambda: None)  # as before numba is loaded: Python jobs, numpy calls
     a, b = CASES[case]
     with threadpool_limits(limits=1, user_api="blas"):
         want = np.matmul(a, b)  # one single-threaded BLAS call (OpenBLAS's own split can change the bits)

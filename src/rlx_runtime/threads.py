@@ -745,6 +745,8 @@ def rows_in_chunks(rows: int, work: int, fn: Callable[[int, int], None]) -> None
 def _matmul_2d(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None) -> np.ndarray:
     m, n = a.shape[0], b.shape[1]
     work = m * n * a.shape[1]
+    if m == 1 and a.strides[1] <= 0:  # a broadcast or reversed row: a GEMV's x needs a positive increment
+        a = np.ascontiguousarray(a)
     if (m == 1 and a.dtype == b.dtype == np.float32 and work >= _MIN_GEMV_SPLIT and b.strides[1] == b.itemsize
             and b.strides[0] % b.itemsize == 0 and b.strides[0] >= n * b.itemsize
             and a.shape[1] >= 2 * _MIN_CHUNK and float_gemm(a.dtype) is not None
