@@ -105,4 +105,5 @@ def test_a_forwards_threads_split_erf_and_gelu_into_chunks_with_the_same_bits(n,
         got_erf, got_gelu = erf(x), gelu_erf(x)
     np.testing.assert_array_equal(got_erf, want_erf)
     np.testing.assert_array_equal(got_gelu, want_gelu)
-    assert counts == ([2, 2] if n * ELEMENT_COST >= threads._MIN_SPLIT_WORK else [1, 1])
+    # split in two when the work pays for it; else the kernel called once, without a job
+    assert counts == ([2, 2] if n * ELEMENT_COST >= threads._MIN_SPLIT_WORK else [])
