@@ -623,10 +623,17 @@ def _whole(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None) -> np.ndarra
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 
 
+def _rows_contiguous(x: np.ndarray) -> bool:
+    """Whether 2-D x is a row-major BLAS operand as it is: each row contiguous, rows a whole number of elements
+    apart and not overlapping."""
+    item = x.itemsize
+    return x.strides[1] == item and x.strides[0] % item == 0 and x.strides[0] >= max(1, x.shape[1]) * item
+
+
 def _blas_operand(x: np.ndarray) -> tuple[np.ndarray, int, int]:
     """(array, transpose flag, leading dimension) describing 2-D x to a row-major cblas call."""
     item = x.itemsize
-    if x.strides[1] == item and x.strides[0] % item == 0 and x.strides[0] >= max(1, x.shape[1]) * item:
+    if _rows_contiguous(x):
         return x, _NO_TRANS, x.strides[0] // item
     if x.strides[0] == item and x.strides[1] % item == 0 and x.strides[1] >= max(1, x.shape[0]) * item:
         return x, _TRANS, x.strides[1] // item
@@ -750,8 +757,7 @@ def _matmul_2d(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None) -> np.nd
     work = m * n * a.shape[1]
     if m == 1 and a.strides[1] <= 0:  # a broadcast or reversed row: a GEMV's x needs a positive increment
         a = np.ascontiguousarray(a)
-    if (m == 1 and a.dtype == b.dtype == np.float32 and work >= _MIN_GEMV_SPLIT and b.strides[1] == b.itemsize
-            and b.strides[0] % b.itemsize == 0 and b.strides[0] >= n * b.itemsize
+    if (m == 1 and a.dtype == b.dtype == np.float32 and work >= _MIN_GEMV_SPLIT and _rows_contiguous(b)
             and a.shape[1] >= 2 * _MIN_CHUNK and float_gemm(a.dtype) is not None
             and a.dtype in _blas_controllers()[0].gemv):
         return _gemv_in_halves(a, b, epilogue)
