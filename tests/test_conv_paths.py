@@ -356,8 +356,18 @@ DIRECT = CASES + [
 ]
 
 
+@pytest.fixture(params=[False, True], ids=["gather", "channel-blocks"])
+def direct_calls(request, monkeypatch):
+    """The direct path's calls, with either kernel (conv_direct.CHANNEL_BLOCKS: on any CPU, though only CPUs
+    without AVX-512 take the channel blocks by default)."""
+    from rlx_format.numba_setup import numba  # noqa: F401 - the path is taken once numba is loaded
+    monkeypatch.setattr(conv_direct, "CHANNEL_BLOCKS", request.param)
+    return count_direct_calls(monkeypatch)
+
+
 @pytest.fixture
-def direct_calls(monkeypatch):
+def direct_default_calls(monkeypatch):
+    """The direct path's calls, with the CPU's kernel."""
     from rlx_format.numba_setup import numba  # noqa: F401 - the path is taken once numba is loaded
     return count_direct_calls(monkeypatch)
 
@@ -414,6 +424,43 @@ def test_direct_convs_in_pieces_give_the_same_bits(piece_bytes, direct_calls, mo
             m.setattr(conv_direct, "PIECE_BYTES", piece_bytes)
             np.testing.assert_array_equal(compiled.run({"x": x})["act"], whole)
     assert direct_calls
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("xs,ws,attrs", [
+    ((1, 40, 12, 12), (8, 40, 3, 3), {"pads": [1, 1, 1, 1]}),  # one vector of channels; 360 steps: 3 step ranges
+    ((1, 6, 33, 20), (16, 6, 3, 3), {"pads": [1, 1, 1, 1]}),  # two vectors; 726 grid columns: 3 column ranges
+    ((2, 17, 10, 12), (44, 17, 3, 3), {"pads": [1, 1, 1, 1]}),  # a block of 32 and one of 12; split by blocks
+    ((1, 8, 38, 41), (72, 8, 5, 5), {"pads": [2, 2, 2, 2], "strides": [2, 2]}),  # 3 blocks, the last 8 wide
+    ((1, 33, 7, 7), (64, 33, 3, 3), {"pads": [1, 1, 1, 1]}),  # a 7x7 plane: every grid row a masked transpose
+], ids=str)
+def test_the_channel_block_kernel_gives_the_gather_kernels_bits(xs, ws, attrs, threads, split_small, monkeypatch):
+    """conv_direct.CHANNEL_BLOCKS (output channels in the vector lanes, simd.channels_f32) against gather_f32's
+    kernel: the same fma chains in the same order, so the same bits, with a bias, an activation and a residual, at
+    one and two threads, across its column and step ranges (conv_kernels.CHANNEL_COLUMNS, CHANNEL_STEPS) and
+    blocks of 8, 16 and 32 channels."""
+    from rlx_runtime import conv_kernels
+    from rlx_runtime import threads as threads_mod
+    w = RNG.standard_normal(ws).astype(np.float32)
+    b = RNG.standard_normal(ws[0]).astype(np.float32)
+    x = RNG.standard_normal(xs).astype(np.float32)
+    a = {"strides": [1, 1], "dilations": [1, 1], "pads": [0, 0, 0, 0], "group": 1, **attrs}
+    out = [nn.window_count(xs[2 + i], ws[2 + i], a["strides"][i], a["dilations"][i], a["pads"][i], a["pads"][i + 2])
+           for i in range(2)]
+    res = RNG.standard_normal((xs[0], ws[0], *out)).astype(np.float32)
+    assert np.prod(ws[1:]) > conv_kernels.CHANNEL_STEPS or out[0] * (out[1] + 2) > conv_kernels.CHANNEL_COLUMNS
+    ep = nn._epilogue(a, b, "Silu").with_residual(res.reshape(-1))
+    results = []
+    with threadpool_limits(threads, "blas"), threads_mod.forward_threads():
+        for flag in (False, True):
+            monkeypatch.setattr(conv_direct, "CHANNEL_BLOCKS", flag)
+            plan = conv_direct.DirectPlan(xs, w, a["strides"], a["dilations"], a["pads"], out)
+            assert plan.packed is flag
+            for epilogue in (None, ep):
+                results.append(conv_direct.run_direct(plan, x, epilogue))
+    np.testing.assert_array_equal(results[2], results[0])
+    np.testing.assert_array_equal(results[3], results[1])
+    assert not np.array_equal(results[1], results[0])
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
@@ -628,7 +675,7 @@ def test_which_pointwise_convs_take_the_skinny_kernel(xs, o, dtype, grouped, tak
 
 
 @pytest.mark.parametrize("path,xs,ws,attrs", [
-    ("direct_calls", (1, 8, 20, 20), (16, 8, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),  # then im2col
+    ("direct_default_calls", (1, 8, 20, 20), (16, 8, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),  # then im2col
     ("pointwise_calls", (1, 24, 14, 14), (144, 24, 1, 1), {})], ids=str)  # then one BLAS GEMM
 def test_without_numba_the_numba_conv_paths_give_way(path, xs, ws, attrs, request, monkeypatch):
     import sys

@@ -4,13 +4,16 @@ padded input, without an im2col matrix (CPU, once numba is loaded).
 The input's channels are split into stride phases once (conv_kernels.fill_phases, as the tap convs do), so
 every (channel, kernel offset) pair reads a shifted contiguous view of them: for a 3x3 conv that is 9 views
 per channel instead of an im2col matrix 9x the input's size written and read back. The output is computed on
-the phases' grid (rows Wq wide, the last few columns of each row wasted and dropped) by simd.gather_f32: 8
-output channels at a time, a register tile of them x grid columns (simd.FEW_ROWS_TILE: 8 x 32 on AVX-512, two
-passes of 4 x 16 on AVX2), each view's vector feeding a multiply-add per channel, the view order
-(channel, ky, kx) (conv_kernels.direct_rows). The epilogue of a FusedConv runs on each block while it is in cache.
+the phases' grid (rows Wq wide, the last few columns of each row wasted and dropped), the view order (channel, ky,
+kx) (conv_kernels.direct_rows). On AVX-512 by simd.gather_f32: 8 output channels at a time, a register tile of 8
+of them x 32 grid columns, each view's vector feeding a multiply-add per channel. Without AVX-512 by
+simd.channels_f32 (CHANNEL_BLOCKS): 32 output channels in the vector lanes, a tile of 3 grid columns x 4 vectors,
+each view's element broadcast to a multiply-add per vector of channels (conv_kernels.channel_rows). The epilogue
+of a FusedConv runs on each block while it is in cache.
 
-Each output is its products added by fma in (channel, ky, kx) order from 0.0: the same bits on every CPU, and
-at any thread count (threads split the output rows in bands, or the output channels in blocks of 8). Conv and
+Each output is its products added by fma in (channel, ky, kx) order from 0.0: the same bits on every CPU, with
+either kernel, and at any thread count (threads split the output rows in bands, or the output channels in blocks
+of 8, or of 32 for the channel blocks). Conv and
 FusedConv take this path alike, so a fused conv still gives the unfused ops' values.
 """
 
@@ -47,6 +50,13 @@ FILL_COST = 6
 MAX_INNER = 4608
 
 
+# without AVX-512 the direct kernel computes blocks of 32 output channels in the vector lanes (simd.channels_f32:
+# 3 grid columns x 4 vectors a tile), not gather_f32's 4 x 16 tile of channels x columns. Measured on Zen 3, 1 thread,
+# YOLO-like's 192->64 3x3 at 40x40: 47 GMAC/s against ~30 (onnxruntime's NCHWc kernel 48). The same bits either way.
+# None: by the CPU (read when a DirectPlan is made; tests set True or False to take either kernel on any CPU)
+CHANNEL_BLOCKS: bool | None = None
+
+
 @functools.cache
 def _numba_side() -> tuple:
     """(conv_kernels, simd, aligned) (numba), imported on the first direct conv (an import statement per call cost
@@ -55,13 +65,14 @@ def _numba_side() -> tuple:
     return conv_kernels, simd, aligned
 
 
-# without AVX-512, strided convs from this inner dimension take im2col and the BLAS GEMM instead: there the direct
-# kernel's tile is two passes of 4 x 16 per block of 8 output channels (8 x 32 in one pass on AVX-512), and on a
-# stride's phases it ran 1.2-2x OpenBLAS's Haswell GEMM. Measured per conv (Zen 3, 1 / 2 threads), GEMM against
+# without AVX-512, strided convs from this inner dimension take im2col and the BLAS GEMM instead. Chosen when the
+# direct kernel's AVX2 tile was gather_f32's two passes of 4 x 16 per block of 8 output channels: on a stride's
+# phases it ran 1.2-2x OpenBLAS's Haswell GEMM. Measured per conv (Zen 3, 1 / 2 threads), GEMM against that
 # direct: 32->64 3x3/2 at 80x80 0.75x / 0.86x, 64->128 at 40x40 0.70x / 0.73x, ResNet-50's 128->128 at 56x56
 # 0.68x / 0.76x, 256->256 at 28x28 0.58x / 0.57x, 512->512 at 14x14 0.50x / 0.51x; 16->32 at 160x160 (inner 144)
 # 0.96x / 1.09x and the 3-channel stems 1.2-1.5x stay direct. (Stride 1 measured 0.7-0.95x alone but level to 1.36x
-# slower inside ResNet-50's forward: it stays direct.)
+# slower inside ResNet-50's forward: it stays direct.) Against the channel blocks (CHANNEL_BLOCKS) the GEMM is level:
+# per conv 0.89-1.1x / 0.95-1.28x at 1 / 2 threads; ResNet-50 and YOLO-like all direct 0.95-1.03x (noise): kept.
 AVX2_STRIDED_GEMM_INNER = 288
 
 
@@ -81,7 +92,7 @@ class DirectPlan:
     kernel offset) view's offset, the weight matrix, the piece height), for run_direct: built once per plan step
     by a bound kernel (kernels/nn.py), per call by direct2d."""
 
-    __slots__ = ("shape", "out_shape", "wq", "hq", "stride", "offsets", "wk", "piece_rows", "fill")
+    __slots__ = ("shape", "out_shape", "wq", "hq", "stride", "offsets", "wk", "packed", "piece_rows", "fill")
 
     def __init__(self, x_shape: tuple, w: np.ndarray, strides, dil, pads, out_sp):
         from .conv_taps import phase_layout, phase_offsets
@@ -94,6 +105,9 @@ class DirectPlan:
         self.wq, self.hq, plane, self.stride = phase_layout(h, wd, pads, sh, sw, simd.LANES)
         self.offsets = phase_offsets(c, kh, kw, sh, sw, dh, dw, plane, self.wq, self.stride)
         self.wk = np.ascontiguousarray(w.reshape(o, -1))
+        self.packed = not simd.AVX512 if CHANNEL_BLOCKS is None else CHANNEL_BLOCKS
+        if self.packed:
+            self.wk = _numba_side()[0].pack_channel_blocks(self.wk)
         row_bytes = 4 * c * sh * sw * self.wq  # a grid row's phase rows, every channel
         self.piece_rows = max(1, min(oh, PIECE_COLUMNS // self.wq, PIECE_BYTES // row_bytes - (kh - 1) * dh // sh))
         self.fill = (sh, sw, pads[0], pads[1], self.hq, self.wq)
@@ -108,10 +122,15 @@ class DirectPlan:
         thread streamed all of them: YOLO-like's 16->32 3x3/2 at 160x160 was slower at 2 threads than at 1),
         unless the bands would be short."""
         n, o, oh = self.out_shape[:3]
-        nthreads = threads.threads_for(n * o * self.wk.shape[1] * oh * self.wq)
+        nthreads = threads.threads_for(n * o * len(self.offsets) * oh * self.wq)
         if oh >= MIN_BAND_ROWS * nthreads:
             return [(0, o, g0, g1) for g0, g1 in pairwise(threads.chunk_edges(oh, nthreads, MIN_BAND_ROWS))]
-        return [(r0, r1, 0, oh) for r0, r1 in pairwise(threads.block_edges(o, nthreads, _numba_side()[1].SKINNY_ROWS))]
+        simd = _numba_side()[1]
+        if not self.packed:
+            return [(r0, r1, 0, oh) for r0, r1 in pairwise(threads.block_edges(o, nthreads, simd.SKINNY_ROWS))]
+        blocks = -(-o // simd.CHANNEL_BLOCK)  # whole blocks of channel_rows, at least one a chunk
+        edges = [min(o, simd.CHANNEL_BLOCK * e) for e in threads.chunk_edges(blocks, nthreads, 1)]
+        return [(r0, r1, 0, oh) for r0, r1 in pairwise(edges)]
 
 
 def direct2d(x: np.ndarray, w: np.ndarray, strides, dil, pads, out_sp, epilogue=None) -> np.ndarray:

@@ -167,8 +167,8 @@ def _run_row(ti, tf, r):  # pragma: no cover - compiled
     elif kind == ROW_DIRECT:
         phases = numba.carray(_f32_at(ti[r, 1]), (ti[r, 2], ti[r, 3]))
         w = numba.carray(_f32_at(ti[r, 4]), (ti[r, 5], ti[r, 6]))
-        offsets = numba.carray(_i64_at(ti[r, 7]), (ti[r, 6],))
-        y = numba.carray(_f32_at(ti[r, 8]), (ti[r, 2], ti[r, 5], ti[r, 9], ti[r, 10]))
+        offsets = numba.carray(_i64_at(ti[r, 7]), (ti[r, 27],))
+        y = numba.carray(_f32_at(ti[r, 8]), (ti[r, 2], ti[r, 28], ti[r, 9], ti[r, 10]))
         bias = numba.carray(_f32_at(ti[r, 16]), (ti[r, 17],))
         res = numba.carray(_f32_at(ti[r, 22]), (ti[r, 23],))
         direct_rows(phases, w, offsets, y, ti[r, 11], ti[r, 12], ti[r, 13], ti[r, 25], ti[r, 26], ti[r, 14], ti[r, 15],
@@ -514,5 +514,5 @@ def put_direct(ti, tf, r, phases, w, offsets, y, b, r0, r1, g_lo, g_hi, wq, piec
     ti[r, 16], ti[r, 17], ti[r, 18], ti[r, 19] = bias.ctypes.data, bias.size, has_bias, act
     ti[r, 20], ti[r, 21] = has_lo, has_hi
     ti[r, 22], ti[r, 23], ti[r, 24] = res.ctypes.data, res.size, has_res
-    ti[r, 25], ti[r, 26] = g_lo, g_hi
+    ti[r, 25], ti[r, 26], ti[r, 27], ti[r, 28] = g_lo, g_hi, offsets.size, y.shape[1]
     tf[r, 0], tf[r, 1], tf[r, 2], tf[r, 3] = alpha, beta, lo, hi

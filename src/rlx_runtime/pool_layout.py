@@ -22,9 +22,9 @@ INT_COLUMNS, FLOAT_COLUMNS = 40, 4
 # ROW_SKINNY: out, x, wt, rows, k, n, c0, c1, r0, r1, bias, nbias, has_bias, act, has_lo, has_hi, res, nres,
 #   has_res | alpha, beta, lo, hi (simd.skinny_f32 over blocks of SKINNY_ROWS rows, each then given ROW_BIAS_ACT's
 #   epilogue unless act is -1)
-# ROW_DIRECT: phases, N, L, w, O, K, offsets, y, OH, OW, b, r0, r1, wq, piece_rows, bias, nbias, has_bias, act,
-#   has_lo, has_hi, res, nres, has_res, g_lo, g_hi | alpha, beta, lo, hi (conv_kernels.direct_rows; act -1: no
-#   epilogue)
+# ROW_DIRECT: phases, N, L, w, w's rows, w's columns, offsets, y, OH, OW, b, r0, r1, wq, piece_rows, bias, nbias,
+#   has_bias, act, has_lo, has_hi, res, nres, has_res, g_lo, g_hi, K, O | alpha, beta, lo, hi (conv_kernels.direct_rows:
+#   w (O, K) or in channel blocks; act -1: no epilogue)
 # ROW_FILL: x, N, C, H, W, phases, L, sh, sw, top, left, hq, wq, q0, q1 (conv_kernels.fill_phases on rows q0..q1
 #   of every phase plane)
 # ROW_COLUMNS: y, B, M, N, b0, b1, r0, r1, c0, c1, bias, nbias, res, nres, has_res (linear.add_columns: a FusedMatMul's
