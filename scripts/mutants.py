@@ -39,6 +39,7 @@ QUANTS = "rlx_format/quants.py"
 EVAL = "rlx_runtime/passes/evaluate.py"
 GUARD = "if out_b > max(min_bytes, growth_limit * in_b):"
 SLICE = "rlx_format/ops/infer_shape.py"
+PIECE_LOOP = "\n        cols = (g1 - g0) * wq\n        for j0 in range(r0, r1, "  # direct_rows' and channel_rows'
 KDF_TESTS = ("test_sealed.py::test_kdf_caps_refused_before_hashing",  # (the tamper matrix would also kill these,
              "test_sealed.py::test_each_kdf_limit_is_refused_before_hashing")  # after minutes of Argon2 work)
 
@@ -210,8 +211,12 @@ MUTANTS = [
              "base = builder.mul(const(j), n_)"),),
            ("test_simd_kernels.py", "test_conv_paths.py")),
     Mutant("copy_drops_the_last_elements", "a row copy without masked moves ends with single elements",
-           (("rlx_runtime/simd.py", "                    vectors(dense, 8)\n                    elements()",
-             "                    vectors(dense, 8)"),),
+           (("rlx_runtime/simd.py", "                    last_vector(dense)\n                    elements()",
+             "                    last_vector(dense)"),),
+           ("test_simd_kernels.py",)),
+    Mutant("copy_last_vector_short", "a row copy's last vector covers the row's last 8 elements",
+           (("rlx_runtime/simd.py", "k = builder.sub(n, ir.Constant(_I64, 8))",
+             "k = builder.sub(n, ir.Constant(_I64, 9))"),),
            ("test_simd_kernels.py",)),
     Mutant("kernel_cache_ignores_sources", "numba's cache folder changes with every file that compiles kernels",
            (("rlx_format/numba_setup.py", 'if b"njit" in data or b"@intrinsic" in data:', "if False:"),),
@@ -403,7 +408,12 @@ MUTANTS = [
            (("rlx_runtime/pool_kernels.py", "j0, j1, p0, p1, 1, bias,", "j0, j1, c0, c1, 1, bias,"),),
            ("test_conv_paths.py",)),
     Mutant("maxpool_tie_keeps_the_earlier", "MaxPool's vector fold gives a -0.0/0.0 tie to the later tap, as numpy",
-           (("rlx_runtime/simd.py", 'builder.fcmp_ordered(">=", new, old)', 'builder.fcmp_ordered(">", new, old)'),),
+           (("rlx_runtime/simd.py", 'builder.fcmp_ordered(">", old, new), old, new)',
+             'builder.fcmp_ordered(">=", old, new), old, new)'),),
+           ("test_pools.py",)),
+    Mutant("maxpool_nan_in_the_earlier_lost", "MaxPool's vector fold keeps a NaN met in an earlier tap, as numpy",
+           (("rlx_runtime/simd.py", 'return builder.select(builder.fcmp_unordered("uno", old, old), old, larger)',
+             "return larger"),),
            ("test_pools.py",)),
     Mutant("maxpool_first_column_of_a_padded_tap", "a padded tap folds only the output columns it reaches inside",
            (("rlx_runtime/conv_kernels.py", "lo = 0 if off >= 0 else (sw - 1 - off) // sw",
@@ -414,7 +424,9 @@ MUTANTS = [
              "builder.sub(builder.shl(ir.Constant(ity, 1), builder.sub(n, ir.Constant(ity, 1))),"),),
            ("test_simd_kernels.py", "test_pools.py")),
     Mutant("direct_piece_one_row_short", "a direct conv's pieces of grid rows cover every output row",
-           (("rlx_runtime/conv_kernels.py", "g1 = min(g_hi, g0 + piece_rows)", "g1 = min(g_hi, g0 + piece_rows - 1)"),),
+           tuple(("rlx_runtime/conv_kernels.py", f"g1 = min(g_hi, g0 + piece_rows){PIECE_LOOP}{block})",
+                  f"g1 = min(g_hi, g0 + piece_rows - 1){PIECE_LOOP}{block})")
+                 for block in ("SKINNY_ROWS", "CHANNEL_BLOCK")),
            ("test_conv_paths.py",)),
     Mutant("residual_added_before_the_bias", "a fused residual is added to the biased sum, each sum rounded",
            (("rlx_runtime/conv_kernels.py", "row[i] = (row[i] + bv) + added[i]", "row[i] = row[i] + (bv + added[i])"),),
@@ -430,8 +442,10 @@ MUTANTS = [
              "    xf, out = x.reshape(-1), y[n].reshape(-1)\n    image_res = res\n"),),
            ("test_fused_residual.py",)),
     Mutant("direct_residual_from_row_zero", "a direct conv's residual epilogue covers the piece's rows",
-           (("rlx_runtime/conv_kernels.py", "j0, j1, g0 * ow, g1 * ow, 1, bias,",
-             "j0, j1, 0, (g1 - g0) * ow, 1, bias,"),),
+           (("rlx_runtime/conv_kernels.py", "oh * ow, 0, 1, j0, j1, g0 * ow, g1 * ow, 1, bias,",
+             "oh * ow, 0, 1, j0, j1, 0, (g1 - g0) * ow, 1, bias,"),
+            ("rlx_runtime/conv_kernels.py", "plane, 0, 1, j0, j1, g0 * ow, g1 * ow, 1, bias,",
+             "plane, 0, 1, j0, j1, 0, (g1 - g0) * ow, 1, bias,")),
            ("test_fused_residual.py",)),
     Mutant("pointwise_residual_of_image_zero", "a pointwise conv's epilogue adds its own image's residual",
            (("rlx_runtime/threads.py", "fields[-2][image * image_size:(image + 1) * image_size]", "fields[-2]"),),

@@ -831,10 +831,11 @@ def _first_lanes(builder, count, lanes):
 
 def _np_maximum(builder, old, new):
     """np.maximum(old, new) of float32 values or vectors: a NaN in `old` stays, else a NaN in `new` wins; of
-    equal values (-0.0 and 0.0) `new` (numpy's own float32 maximum on x86, which MaxPool's fold follows)."""
-    take = builder.and_(builder.or_(builder.fcmp_ordered(">=", new, old), builder.fcmp_unordered("uno", new, new)),
-                        builder.fcmp_ordered("ord", old, old))
-    return builder.select(take, new, old)
+    equal values (-0.0 and 0.0) `new` (numpy's own float32 maximum on x86, which MaxPool's fold follows). As x86's
+    maxps (old > new ? old : new: `new` on a tie or any NaN), then `old` where it is a NaN: two compares and two
+    selects. (Spelled as one select on the and/or of three compares, AVX2's code ran a 3x3 MaxPool 4x slower.)"""
+    larger = builder.select(builder.fcmp_ordered(">", old, new), old, new)
+    return builder.select(builder.fcmp_unordered("uno", old, old), old, larger)
 
 
 def copy_intrinsic(masked_tail: bool, combine=None):
@@ -903,6 +904,25 @@ def copy_intrinsic(masked_tail: bool, combine=None):
                     put(builder, v, dp, k, _first_lanes(builder, left, LANES))
                     builder.store(n, i)
 
+            def last_vector(dense: bool):
+                """the last 1-7 elements, if there are 8 in all, as the vector of the last 8: those before them done
+                again, which changes nothing (a copy, or a fold, rewrites what is there already). A step-2 load
+                of 16 lanes is masked to the 15 read."""
+                k = builder.sub(n, ir.Constant(_I64, 8))
+                left = builder.sub(n, builder.load(i))
+                more = builder.and_(builder.icmp_signed(">", left, ir.Constant(_I64, 0)),
+                                    builder.icmp_signed(">=", k, ir.Constant(_I64, 0)))
+                with builder.if_then(more):
+                    if dense:
+                        v = _load_vec(builder, sp, k, ir.VectorType(_F32, 8))
+                    else:
+                        wide = ir.VectorType(_F32, 16)
+                        v = _masked(builder, "load", wide, builder.gep(sp, [builder.mul(k, two)]),
+                                    ir.Constant(ir.VectorType(ir.IntType(1), 16), [1] * 15 + [0]))
+                        v = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, 8), list(range(0, 16, 2))))
+                    put(builder, v, dp, k)
+                    builder.store(n, i)
+
             def elements():
                 def body():
                     k = builder.load(i)
@@ -916,6 +936,7 @@ def copy_intrinsic(masked_tail: bool, combine=None):
                     masked_rest(dense)
                 else:
                     vectors(dense, 8)
+                    last_vector(dense)
                     elements()
 
             with builder.if_else(builder.icmp_signed("==", stp, one)) as (unit, other):
