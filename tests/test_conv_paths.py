@@ -496,6 +496,17 @@ def test_which_convs_take_the_direct_path(xs, ws, group, dtype, grouped_epilogue
     assert conv_direct.use_direct(xs, dtype, np.zeros(ws, dtype), group, ep) is taken
 
 
+@pytest.mark.parametrize("avx512", [True, False])
+@pytest.mark.parametrize("o", [16, 31, 32, 255])
+def test_without_avx512_convs_of_32_outputs_and_more_take_the_channel_blocks(o, avx512, monkeypatch):
+    from rlx_runtime import simd
+    monkeypatch.setattr(simd, "AVX512", avx512)
+    plan = conv_direct.DirectPlan((1, 8, 12, 12), np.zeros((o, 8, 3, 3), np.float32), (1, 1), (1, 1), (1, 1, 1, 1),
+                                  (12, 12))
+    assert plan.packed is (not avx512 and o >= 32)
+    assert plan.wk.shape == ((-(-o // 32), 72 * 32) if plan.packed else (o, 72))
+
+
 @pytest.mark.parametrize("xs,ws,strides,taken", [
     ((1, 32, 80, 80), (64, 32, 3, 3), (2, 2), "avx512"),  # inner 288: AVX2_STRIDED_GEMM_INNER
     ((1, 512, 14, 14), (512, 512, 3, 3), (2, 1), "avx512"),

@@ -52,8 +52,11 @@ MAX_INNER = 4608
 
 # without AVX-512 the direct kernel computes blocks of 32 output channels in the vector lanes (simd.channels_f32:
 # 3 grid columns x 4 vectors a tile), not gather_f32's 4 x 16 tile of channels x columns. Measured on Zen 3, 1 thread,
-# YOLO-like's 192->64 3x3 at 40x40: 47 GMAC/s against ~30 (onnxruntime's NCHWc kernel 48). The same bits either way.
-# None: by the CPU (read when a DirectPlan is made; tests set True or False to take either kernel on any CPU)
+# YOLO-like's 192->64 3x3 at 40x40: 47 GMAC/s against ~30 (onnxruntime's NCHWc kernel 48); per conv 0.54-0.97x the
+# time on YOLO-like's and ResNet-50's convs at 1 and 2 threads. Convs of fewer than 32 output channels keep gather_f32
+# (a block of 16 filled half of every vector: 1.2-2x its time on 16->16 3x3 at 112x112, 24->24 at 56x56, 3->16 stems).
+# The same bits either way. None: by the CPU and the conv (read when a DirectPlan is made; tests set True or False to
+# take either kernel on any CPU and for any conv)
 CHANNEL_BLOCKS: bool | None = None
 
 
@@ -105,7 +108,7 @@ class DirectPlan:
         self.wq, self.hq, plane, self.stride = phase_layout(h, wd, pads, sh, sw, simd.LANES)
         self.offsets = phase_offsets(c, kh, kw, sh, sw, dh, dw, plane, self.wq, self.stride)
         self.wk = np.ascontiguousarray(w.reshape(o, -1))
-        self.packed = not simd.AVX512 if CHANNEL_BLOCKS is None else CHANNEL_BLOCKS
+        self.packed = not simd.AVX512 and o >= simd.CHANNEL_BLOCK if CHANNEL_BLOCKS is None else CHANNEL_BLOCKS
         if self.packed:
             self.wk = _numba_side()[0].pack_channel_blocks(self.wk)
         row_bytes = 4 * c * sh * sw * self.wq  # a grid row's phase rows, every channel
