@@ -319,7 +319,7 @@ MUTANTS = [
            (("rlx_runtime/conv_kernels.py", "wf, w_at, c1 - c0, i0 == 0, vectors)",
              "wf, w_at, c1 - c0, True, vectors)"),),
            ("test_conv_paths.py",)),
-    Mutant("channel_blocks_for_few_outputs", "without AVX-512 only convs of 32 outputs and more take the channel blocks",
+    Mutant("channel_blocks_for_few_outputs", "without AVX-512 convs of 32 outputs and more take the channel blocks",
            (("rlx_runtime/conv_direct.py", "not simd.AVX512 and o >= simd.CHANNEL_BLOCK if", "not simd.AVX512 if"),),
            ("test_conv_paths.py",)),
     Mutant("channel_blocks_split_by_8", "split by channels, the channel-block kernel's chunks are whole blocks of 32",
