@@ -82,7 +82,7 @@ def use_pointwise(shape: tuple, dtype, w: np.ndarray, epilogue) -> bool:
 
 def pointwise(w: np.ndarray, x: np.ndarray, epilogue=None) -> np.ndarray:
     """(n, o, p) float32 = w (o, c) @ x[b] (c, p) for each image b, then `epilogue` (see use_pointwise) on each
-    block. Split over the forward's threads by pixels (whole 32-pixel vectors) when there are enough of them,
+    block. Split over the forward's threads by pixels (whole passes of the tile) when there are enough of them,
     else by output channels (whole blocks of SKINNY_ROWS)."""
     kernels, simd, aligned = _numba_side()
     w = np.ascontiguousarray(w)
@@ -104,13 +104,13 @@ def pointwise(w: np.ndarray, x: np.ndarray, epilogue=None) -> np.ndarray:
 
 
 def write_pointwise(steps: threads.Steps, w: np.ndarray, x: np.ndarray, y: np.ndarray, epilogue, nthreads: int) -> None:
-    """pointwise's job over `nthreads` threads as steps and chunks of `steps`: by pixels (whole 32-pixel vectors)
-    when there are enough of them, else by output channels (whole blocks of SKINNY_ROWS)."""
+    """pointwise's job over `nthreads` threads as steps and chunks of `steps`: by pixels (whole passes of the tile,
+    simd.FEW_ROWS_UNIT) when there are enough of them, else by output channels (whole blocks of SKINNY_ROWS)."""
     simd = _numba_side()[1]
     n, c, p = x.shape
     o = w.shape[0]
     by_columns = p >= 2 * simd.LANES * nthreads
-    edges = (threads.block_edges(p, nthreads, simd.LANES) if by_columns
+    edges = (threads.block_edges(p, nthreads, simd.FEW_ROWS_UNIT) if by_columns
              else threads.block_edges(o, nthreads, simd.SKINNY_ROWS))
     for e0, e1 in zip(edges, edges[1:]):
         for b in range(n):

@@ -35,7 +35,7 @@ from .conv_kernels import (bias_act_block, bias_act_rows, direct_rows, dw_blocks
 from .linear import add_columns
 from .pool_layout import (FINISHED, KIND, KIND_NATIVE, NEXT, ROW_BIAS_ACT, ROW_BLOCKED, ROW_COLUMNS, ROW_DIRECT,
                           ROW_FILL, ROW_GEMM, ROW_GEMV, ROW_MEANS, ROW_SCALE, ROW_SKINNY, ROW_TAPS, WORKED, YIELD)
-from .simd import SKINNY_ROWS, skinny_f32
+from .simd import FEW_ROWS_UNIT, SKINNY_ROWS, skinny_f32
 
 _I32, _I64, _F32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
 
@@ -218,9 +218,10 @@ PANEL_BYTES = 128 << 10
 
 @numba.njit(cache=True, nogil=True)
 def panel_columns(k):  # pragma: no cover - compiled
-    """skinny_rows' panel width for inner dimension k: PANEL_BYTES of float32 rows, in whole 32-column vectors
-    (so only the last panel's last vector is masked, as without panels)."""
-    return max(32, PANEL_BYTES // (4 * max(k, 1)) // 32 * 32)
+    """skinny_rows' panel width for inner dimension k: PANEL_BYTES of float32 rows, in whole passes of the tile
+    (simd.FEW_ROWS_UNIT columns: so only the last panel's last vector is masked, as without panels, and every other
+    pass is a whole tile's)."""
+    return max(FEW_ROWS_UNIT, PANEL_BYTES // (4 * max(k, 1)) // FEW_ROWS_UNIT * FEW_ROWS_UNIT)
 
 
 @numba.njit(cache=True, nogil=True)

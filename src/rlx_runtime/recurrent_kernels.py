@@ -27,7 +27,7 @@ from .atomics import backoff, fetch_add, load, store
 from .simd import FEW_ROWS_SPAN, SKINNY_ROWS, gather_f32, sigmoid_f32
 from .ufuncs import tanh_f32_loop
 
-PANEL = FEW_ROWS_SPAN  # columns of Rᵀ per panel: one column block of the few-rows GEMM (256 on AVX-512)
+PANEL = FEW_ROWS_SPAN  # columns of Rᵀ per panel: one column block of the few-rows GEMM (256 on AVX-512, 96 on AVX2)
 
 
 def pack_panels(rt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

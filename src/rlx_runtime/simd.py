@@ -584,26 +584,31 @@ SKINNY_ROWS = 8  # rows of x that skinny_f32 and gather_f32 take per call
 # 8 rows x 32 lanes of accumulators in 16 registers; on AVX2 the same tile needs 32 ymm of the 16 there are, and
 # its spills ran it at 12 GFLOPS on Zen 3, where 4 rows x 16 lanes (8 ymm; two passes over k per call) ran at
 # 55-69 GFLOPS. The tile changes no result: each output is its own fma chain in order of k.
-FEW_ROWS_TILE = (8, 32) if AVX512 else (4, 16)
-FEW_ROWS_SPAN = FEW_ROWS_TILE[0] * FEW_ROWS_TILE[1]  # columns of the kernels' column blocks (see below)
+# A third element: vectors per pass of a whole tile's rows (1 if absent). On AVX2 4 rows x 3 vectors of 8 lanes (12
+# ymm accumulators; per step 4 broadcasts and 3 loads feed 12 fma, where 4 x 16 lanes fed 8 fma with 6): MobileNetV3's
+# pointwise convs on 7x7 planes 43-49 GMAC/s against 22-28, on 14x14 planes 44-46 against 39-40 (Zen 3, 1 thread).
+FEW_ROWS_TILE = (8, 32) if AVX512 else (4, 8, 3)
+FEW_ROWS_SPAN = math.prod(FEW_ROWS_TILE)  # columns of the kernels' column blocks (see below)
+FEW_ROWS_UNIT = math.prod(FEW_ROWS_TILE[1:])  # columns of a pass over a whole tile's rows: split columns by these
 
 
-def _few_rows_codegen(gathered: bool, tile: tuple[int, int]):
+def _few_rows_codegen(gathered: bool, tile: tuple[int, ...]):
     """skinny_f32's code (gathered False: row i of the right operand at i*n) or gather_f32's (row i at
     offsets[i]): the arguments are (out, x, wt, [offsets,] rows, k, n, c0, c1). `tile`: (rows per pass over k,
-    columns per vector).
+    columns per vector[, vectors per pass of a whole tile's rows: `base`, 1 if absent]).
 
-    A pass over k has one accumulator per row and column vector it computes: per_pass rows by one vector, or
-    fewer rows by more vectors (up to per_pass // rows of them), so a pass of few rows still has enough fma
+    A pass over k has one accumulator per row and column vector it computes: per_pass rows by `base` vectors, or
+    fewer rows by more vectors (up to base * per_pass // rows of them), so a pass of few rows still has enough fma
     chains in flight, and no row is computed that is not wanted (rows short of a whole pass run as passes of
     half, a quarter, ... of per_pass: 7 rows on AVX-512 are 4 + 2 + 1). Before, every pass was per_pass rows by
     one vector, the missing rows computed and dropped: an LSTM step's 1 x 256 @ 256 x 1024 took as long as
-    its 8 x 256 (25 us; now 9.6), 4 rows 25 us (now 17.7). Columns go in blocks of per_pass vectors
+    its 8 x 256 (25 us; now 9.6), 4 rows 25 us (now 17.7). Columns go in blocks of per_pass * base vectors
     (FEW_ROWS_SPAN columns), each block's passes one after the other (the block's slice of wt stays in cache),
-    then the columns left one vector at a time, the last as one masked vector."""
-    per_pass, lanes = tile
+    then the columns left `base` vectors at a time (tile's third element), then one vector at a time, the last as
+    one masked vector."""
+    per_pass, lanes, base = (*tile, 1)[:3]
     vf = ir.VectorType(_F32, lanes)
-    span = per_pass * lanes  # columns of a block
+    span = per_pass * lanes * base  # columns of a block
 
     def codegen(context, builder, sig, args):
         op, xp, wp = (_data(context, builder, sig.args[i], args[i]).data for i in range(3))
@@ -639,47 +644,49 @@ def _few_rows_codegen(gathered: bool, tile: tuple[int, int]):
                     else:
                         _masked(builder, "store", vf, builder.gep(op, [at]), mask, acc)
 
-        def passes(column, block: bool, mask=None):
-            """Every row's outputs of a block of per_pass vectors from `column` (block) or of one vector."""
+        def passes(column, width: int | None, mask=None):
+            """Every row's outputs of a block of span columns from `column` (width None), or of `width` vectors."""
             def run(first, count):
-                if not block:
-                    one_pass(first, count, column, 1, mask)
+                if width is not None:
+                    one_pass(first, count, column, width, mask)
                     return
-                vectors = max(v for v in range(1, per_pass // count + 1) if per_pass % v == 0)
-                _block_loop(builder, zero, const(per_pass // vectors), [], lambda b, _: one_pass(
+                vectors = base * max(v for v in range(1, per_pass // count + 1) if per_pass % v == 0)
+                _block_loop(builder, zero, const(span // (vectors * lanes)), [], lambda b, _: one_pass(
                     first, count, builder.add(column, builder.mul(b, const(vectors * lanes))), vectors) or [])
 
-            for first in range(0, SKINNY_ROWS, per_pass):
+            # one vector a pass: as many rows as a tile holds accumulators (on AVX2 8 rows x 1 vector, not 4: a
+            # 49-pixel conv's last, masked vector took a third of its time as passes of 4 fma chains)
+            group = per_pass if width is None or width > 1 else min(SKINNY_ROWS, per_pass * base)
+            for first in range(0, SKINNY_ROWS, group):
                 here = builder.sub(rows_, const(first))  # rows from `first` on
                 with builder.if_then(builder.icmp_signed(">", here, zero)):
-                    with builder.if_else(builder.icmp_signed(">=", here, const(per_pass))) as (whole, part):
+                    with builder.if_else(builder.icmp_signed(">=", here, const(group))) as (whole, part):
                         with whole:
-                            run(const(first), per_pass)
-                        with part:  # here < per_pass: its bits, highest first
-                            size = 1 << ((per_pass - 1).bit_length() - 1)
+                            run(const(first), group)
+                        with part:  # here < group: its bits, highest first
+                            size = 1 << ((group - 1).bit_length() - 1)
                             while size:
                                 with builder.if_then(builder.icmp_signed("!=", builder.and_(here, const(size)), zero)):
                                     run(builder.add(const(first), builder.and_(here, const(-2 * size))), size)
                                 size //= 2
 
-        blocks = builder.sdiv(builder.sub(c1_, c0_), const(span))
-        _block_loop(builder, zero, blocks, [], lambda b, _: passes(builder.add(c0_, builder.mul(b, const(span))),
-                                                                   True) or [])
-        done = builder.add(c0_, builder.mul(blocks, const(span)))
-        whole = builder.sdiv(builder.sub(c1_, done), const(lanes))
-        _block_loop(builder, zero, whole, [], lambda b, _: passes(builder.add(done, builder.mul(b, const(lanes))),
-                                                                  False) or [])
+        done = c0_
+        for width in sorted({span // lanes, base, 1}, reverse=True):  # blocks, then base vectors, then single ones
+            count = builder.sdiv(builder.sub(c1_, done), const(width * lanes))
+            _block_loop(builder, zero, count, [], lambda b, _, at=done, w=width: passes(
+                builder.add(at, builder.mul(b, const(w * lanes))), None if w == span // lanes else w) or [])
+            done = builder.add(done, builder.mul(count, const(width * lanes)))
         # then the last columns as one masked vector (one column at a time, a 49-pixel conv ran at 1/5 the speed)
-        tail = builder.add(done, builder.mul(whole, const(lanes)))
-        left = builder.sub(c1_, tail)
+        left = builder.sub(c1_, done)
         with builder.if_then(builder.icmp_signed(">", left, zero)):
-            passes(tail, False, _first_lanes(builder, left, lanes))
+            passes(done, 1, _first_lanes(builder, left, lanes))
         return context.get_dummy_value()
     return codegen
 
 
-def few_rows_intrinsics(tile: tuple[int, int] = FEW_ROWS_TILE) -> tuple:
-    """(skinny_f32, gather_f32) built with a register tile (rows per pass over k, columns per vector); the module's
+def few_rows_intrinsics(tile: tuple[int, ...] = FEW_ROWS_TILE) -> tuple:
+    """(skinny_f32, gather_f32) built with a register tile (rows per pass over k, columns per vector[, vectors per
+    pass]); the module's
     are FEW_ROWS_TILE's (tests build the others: every tile must give the same bits)."""
     @intrinsic
     def skinny_f32(typingctx, out, x, wt, rows, k, n, c0, c1):

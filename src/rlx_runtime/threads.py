@@ -807,7 +807,7 @@ def few_rows_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
     m, n = a.shape[0], b.shape[1]
     out = np.empty((m, n), np.float32)
     threads = threads_for(m * n * a.shape[1])
-    edges = block_edges(n, threads, 32)  # whole 32-column vectors per chunk
+    edges = block_edges(n, threads, _kernels().FEW_ROWS_UNIT)  # whole passes of the tile per chunk
     with Steps(len(edges), True) as steps:
         for c0, c1 in zip(edges, edges[1:]):
             skinny_step(steps, a, b, out, c0, c1, 0, m)
