@@ -786,7 +786,7 @@ def channels_f32(typingctx, out, at, src, start, offsets, i0, i1, w, w_at, cols,
 # channels_f32(out, at, src, start, offsets, i0, i1, w, w_at, cols, first, vectors): for c < cols and l < 8 * vectors
 # (vectors 1, 2 or 4), out[at + CHANNEL_BLOCK * c + l] = (0.0 if first else itself) + the products src[start +
 # offsets[i] + c] * w[w_at + CHANNEL_BLOCK * i + l] for i from i0 to i1 - 1, each added by fma in that order. A
-# direct conv's inner loop with the output channels in the vector lanes (conv_kernels.direct_rows on AVX2): w holds a
+# direct conv's inner loop with the output channels in the vector lanes (conv_kernels.channel_rows on AVX2): w holds a
 # block of 32 output channels' weights, step i's 32 side by side; src the input's stride phases, step i (a channel
 # and kernel offset) reading the view at offsets[i]. Per step each vector of weights is loaded once and feeds a
 # multiply-add per grid column of the tile (3 columns x 4 vectors: 12 ymm accumulators, 7 loads per 12 fma), where
