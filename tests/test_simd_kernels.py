@@ -479,11 +479,13 @@ def sigmoid_run():
 def test_sigmoid_f32_is_the_documented_steps_to_the_bit(sigmoid_run, silu):
     """Every value class (NaN, ±Inf, ±0, subnormals, the clamp at 104, random bit patterns) through the vector
     loop, the single vectors and the tail: the bits of the numpy float32 steps, with the bias added first (one
-    rounding) and -0.0 as no bias (so -0.0 stays -0.0)."""
+    rounding) and -0.0 as no bias (so -0.0 stays -0.0). Sorted runs too, so that whole vectors take the exponent-add
+    scaling (every lane above about -86.6), whole vectors the two-factor one, and vectors across -86.6 mix them."""
     from cpu_target_probe import special_floats
 
     x = np.concatenate([special_floats(), R.integers(0, 2**32, 50_000, dtype=np.uint64).astype(np.uint32)
-                        .view(np.float32)])
+                        .view(np.float32), np.sort(R.uniform(-110, 110, 20_000)).astype(np.float32),
+                        np.linspace(-88, -85, 3001, dtype=np.float32), (R.standard_normal(5000) * 9).astype(np.float32)])
     for bias in (np.float32(-0.0), np.float32(0.75), np.float32(-3e38)):
         out = np.empty_like(x)
         sigmoid_run(out, 0, x, 0, x.size, bias, silu)
