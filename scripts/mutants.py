@@ -414,9 +414,10 @@ MUTANTS = [
            (("rlx_runtime/simd.py", 'builder.fcmp_ordered(">", old, new), old, new)',
              'builder.fcmp_ordered(">=", old, new), old, new)'),),
            ("test_pools.py",)),
-    Mutant("sigmoid_exponent_add_for_subnormals", "the sigmoid's exp scales by two factors where a lane's product "
-           "may be subnormal", (("rlx_runtime/simd.py", 'builder.icmp_unsigned("!=", below, ir.Constant(ir.IntType(n), 0))',
-                                 'builder.icmp_unsigned("==", below, ir.Constant(ir.IntType(n), -1))'),),
+    Mutant("sigmoid_exponent_add_for_subnormals",
+           "the sigmoid's exp scales by two factors where a lane's product may be subnormal",
+           (("rlx_runtime/simd.py", 'builder.icmp_unsigned("!=", below, ir.Constant(ir.IntType(n), 0))',
+             'builder.icmp_unsigned("==", below, ir.Constant(ir.IntType(n), -1))'),),
            ("test_simd_kernels.py",)),
     Mutant("sigmoid_exponent_add_shift", "the exponent add puts k in the exponent field",
            (("rlx_runtime/simd.py", "builder.add(builder.bitcast(e, vi), builder.shl(ki, _const(vi, 23)))",

@@ -485,7 +485,8 @@ def test_sigmoid_f32_is_the_documented_steps_to_the_bit(sigmoid_run, silu):
 
     x = np.concatenate([special_floats(), R.integers(0, 2**32, 50_000, dtype=np.uint64).astype(np.uint32)
                         .view(np.float32), np.sort(R.uniform(-110, 110, 20_000)).astype(np.float32),
-                        np.linspace(-88, -85, 3001, dtype=np.float32), (R.standard_normal(5000) * 9).astype(np.float32)])
+                        np.linspace(-88, -85, 3001, dtype=np.float32),
+                        (R.standard_normal(5000) * 9).astype(np.float32)])
     for bias in (np.float32(-0.0), np.float32(0.75), np.float32(-3e38)):
         out = np.empty_like(x)
         sigmoid_run(out, 0, x, 0, x.size, bias, silu)
