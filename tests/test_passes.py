@@ -198,7 +198,7 @@ def test_folded_equals_unfolded_random_mlp(seed):
     # the simplify group runs until nothing changes: the fold changed the graph, so the others run once more
     assert [p for p, _ in folded.pass_report.passes] == ["specialize", "simplify", "fuse", "affine", "fold",
                                                          "simplify", "fuse", "affine", "fuse_conv", "fuse_linear",
-                                                         "dce", "dedupe"]
+                                                         "fuse_squeeze_excite", "dce", "dedupe"]
 
 
 def test_unpack_quantized_dequantizes_once_at_compile():

@@ -475,6 +475,22 @@ def row_means(x, out, width):  # pragma: no cover - compiled
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
+def squeeze_excite(x, out, width, w1t, b1, w2t, b2, ints, floats, scratch):  # pragma: no cover - compiled
+    """A one-image squeeze-excite block on one thread, flat float32 x (C rows of `width`) -> out: the channel means
+    (row_means), the squeeze conv (pixel_conv with w1t (C, C1), b1), the gate conv (w2t (C1, C), b2), x's rows
+    times the gate (scale_rows): the unfused steps' kernels, so their bits. ints: has_bias, act, has_lo, has_hi of
+    each conv; floats: alpha, beta, lo, hi of each; scratch: at least 2 C + C1 elements."""
+    c, c1 = w1t.shape[0], w1t.shape[1]
+    means, hidden, gate = scratch[:c], scratch[c:c + c1], scratch[c + c1:2 * c + c1]
+    row_means(x, means, width)
+    pixel_conv(hidden, means, w1t, b1, ints[0] != 0, ints[1], floats[0], floats[1], ints[2] != 0, floats[2],
+               ints[3] != 0, floats[3])
+    pixel_conv(gate, hidden, w2t, b2, ints[4] != 0, ints[5], floats[4], floats[5], ints[6] != 0, floats[6],
+               ints[7] != 0, floats[7])
+    scale_rows(x, gate, out, width)
+
+
+@numba.njit(cache=True, nogil=True, error_model="numpy")
 def repeat_planes(x, y, kh, kw):  # pragma: no cover - compiled
     """y (planes, h * kh, w * kw) = every element of x (planes, h, w) repeated kw times along its row and each row
     kh times (a nearest upsample by whole factors), both C-contiguous: each output row is built once (kw == 2 as

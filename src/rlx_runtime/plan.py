@@ -73,12 +73,14 @@ NUMBA_OPS = frozenset({"Sigmoid", "Silu", "Erf", "LSTM", "GRU"})
 
 def loads_numba(graph: Graph) -> bool:
     """Whether every CPU forward of `graph` loads numba: an op of NUMBA_OPS, an exact (erf) Gelu, or a FusedConv
-    with a Sigmoid or SiLU epilogue. A compile then loads it first, so that the kernels that take their numba
-    path only once numba is loaded (LayerNorm, Softmax, the pointwise and direct convs: other bits than their
-    numpy path) take it from the first forward on; else a first forward that loaded numba half-way (MiniLM's first
-    Gelu, after its first LayerNorm and attention) gave other values than every later one."""
+    (or a SqueezeExcite's conv) with a Sigmoid or SiLU epilogue. A compile then loads it first, so that the kernels
+    that take their numba path only once numba is loaded (LayerNorm, Softmax, the pointwise and direct convs: other
+    bits than their numpy path) take it from the first forward on; else a first forward that loaded numba half-way
+    (MiniLM's first Gelu, after its first LayerNorm and attention) gave other values than every later one."""
     return any(n.op in NUMBA_OPS or (n.op == "Gelu" and n.attrs.get("approximate", "none") != "tanh")
-               or (n.op == "FusedConv" and n.attrs.get("activation") in ("Sigmoid", "Silu")) for n in graph.nodes)
+               or (n.op == "FusedConv" and n.attrs.get("activation") in ("Sigmoid", "Silu"))
+               or (n.op == "SqueezeExcite" and {n.attrs.get("activation"), n.attrs.get("gate_activation")}
+                   & {"Sigmoid", "Silu"}) for n in graph.nodes)
 
 
 class Plan:

@@ -18,7 +18,7 @@ from .infer_integer import infer_conv_integer, infer_matmul_integer
 from .infer_nn import (
     QUANT_BLOCKS, infer_batchnorm, infer_conv, infer_conv_transpose, infer_dequant_gather, infer_dequant_matmul,
     infer_dequantize, infer_fused_conv, infer_fused_matmul, infer_global_pool, infer_groupnorm, infer_matmul,
-    infer_norm_last, infer_pool, infer_random, infer_sdpa,
+    infer_norm_last, infer_pool, infer_random, infer_sdpa, infer_squeeze_excite,
 )
 from .infer_rnn import OPTIONAL as RNN_OPTIONAL
 from .infer_rnn import infer_recurrent
@@ -112,6 +112,16 @@ _reg("FusedConv", (2, 4), infer_fused_conv, {**_CONV_ATTRS,
                                              "alpha": Attr("float", 0.01), "beta": Attr("float", 0.5),
                                              "min": Attr("float", None, nonfinite=True),
                                              "max": Attr("float", None, nonfinite=True)})
+# compile-time fusion of a squeeze-excite block (rlx_runtime.passes.fuse.fuse_squeeze_excite): x times the gate
+# FusedConv(FusedConv(GlobalAveragePool(x), w1, b1), w2, b2), the convs' activations as FusedConv's attrs, the
+# second's prefixed gate_
+_SE_ACTIVATIONS = FUSED_CONV_ACTIVATIONS + FUSED_CONV_PATTERNS + ("Identity",)
+_reg("SqueezeExcite", 5, infer_squeeze_excite, {
+    **{f"{prefix}activation" if prefix else "activation": Attr("str", choices=_SE_ACTIVATIONS)
+       for prefix in ("", "gate_")},
+    **{prefix + k: v for prefix in ("", "gate_") for k, v in (
+        ("alpha", Attr("float", 0.01)), ("beta", Attr("float", 0.5)), ("min", Attr("float", None, nonfinite=True)),
+        ("max", Attr("float", None, nonfinite=True)))}})
 _reg("ConvTranspose", (2, 3), infer_conv_transpose, {**_CONV_ATTRS, "output_padding": Attr("ints", None, lo=0)})
 _POOL_ATTRS = {"kernel_shape": Attr("ints", lo=1), "strides": Attr("ints", None, lo=1),
                "pads": Attr("ints", None, lo=0),

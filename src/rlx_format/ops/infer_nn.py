@@ -124,6 +124,25 @@ def infer_fused_conv(ctx: InferCtx) -> TensorType:
     return t
 
 
+def infer_squeeze_excite(ctx: InferCtx) -> TensorType:
+    """x (N, C, H, W) float, w1 (C1, C, 1, 1), b1 (C1,), w2 (C, C1, 1, 1), b2 (C,) of x's dtype: x's type."""
+    x, w1, b1, w2, b2 = ctx.inputs
+    require_float(ctx)
+    if x.rank != 4:
+        raise ctx.fail(f"input rank {x.rank}; expected 4 (N, C, H, W)")
+    for i, t in enumerate(ctx.inputs[1:], 1):
+        if t.dtype != x.dtype:
+            raise ctx.fail(f"input {i} is {t.dtype}; expected {x.dtype}, as x")
+    c, c1 = x.shape[1], w1.shape[0] if w1.rank == 4 else None
+    want = {1: ((c1, c, 1, 1), w1), 2: ((c1,), b1), 3: ((c, c1, 1, 1), w2), 4: ((c,), b2)}
+    for i, (shape, t) in want.items():
+        if c1 is None or t.rank != len(shape) or not all(dims_equal_or_symbolic(a, b)
+                                                         for a, b in zip(t.shape, shape)):
+            raise ctx.fail(f"input {i} has shape {list(t.shape)}; expected {[d for d in shape]} (x has {c} "
+                           "channels, the squeeze w1's first dim its channels)")
+    return x
+
+
 def infer_conv_transpose(ctx: InferCtx) -> TensorType:
     x, w, nsp, g, strides, dil, pads = _conv_operands(ctx)
     op = ctx.attrs.get("output_padding") or [0] * nsp

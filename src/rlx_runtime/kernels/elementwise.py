@@ -177,7 +177,7 @@ register("Pow", lambda xp, a, x, y: xp.power(x, y))
 MIN_ROW = 16
 
 
-def _row_scale(x, y) -> tuple[bool, int] | None:
+def row_scale(x, y) -> tuple[bool, int] | None:
     """(x is the big operand, row width) when x * y is a float32 tensor times one value per row of it (a
     squeeze-excite block's (N, C, H, W) x (N, C, 1, 1)), both C-contiguous, rows of at least MIN_ROW; else None."""
     if not (isinstance(x, np.ndarray) and isinstance(y, np.ndarray)):
@@ -192,8 +192,8 @@ def _row_scale(x, y) -> tuple[bool, int] | None:
     return (big is x, big.size // small.size) if small.shape[:k] == big.shape[:k] else None
 
 
-def _scale_rows(big: np.ndarray, small: np.ndarray, w: int, out=None) -> np.ndarray:
-    """big times small's value per row of `w` (_row_scale) by conv_kernels.scale_rows, split over the forward's
+def scaled_rows(big: np.ndarray, small: np.ndarray, w: int, out=None) -> np.ndarray:
+    """big times small's value per row of `w` (row_scale) by conv_kernels.scale_rows, split over the forward's
     threads as a stream (threads.stream_rows)."""
     dst = _aligned().empty(big.shape, w) if out is None else out
     b, s, d = big.reshape(-1), small.reshape(-1), dst.reshape(-1)
@@ -204,15 +204,15 @@ def _scale_rows(big: np.ndarray, small: np.ndarray, w: int, out=None) -> np.ndar
 
 
 def multiply_cpu(x, y, out=None):
-    """np.multiply(x, y, out=out). A float32 tensor times one value per row of it (_row_scale), once numba is
+    """np.multiply(x, y, out=out). A float32 tensor times one value per row of it (row_scale), once numba is
     loaded, by conv_kernels.scale_rows: the same products (but which NaN a NaN times a NaN gives; numpy's
     broadcast loop ran at ~0.17 ns an element here, the row loop at ~0.07)."""
     if numba_loaded():
-        scale = _row_scale(x, y)
+        scale = row_scale(x, y)
         if scale is not None:
             big, small = (x, y) if scale[0] else (y, x)
             if out is None or out is big:
-                return _scale_rows(big, small, scale[1], out)
+                return scaled_rows(big, small, scale[1], out)
     return np.multiply(x, y, out=out)
 
 
@@ -221,7 +221,7 @@ def _bind_mul(a, x, y):
     """A squeeze-excite scale's Mul step (multiply_cpu's row scale) bound to its shapes: the checks and the
     operands' roles decided once (hot ~3.8 us less a call; whole forwards 0-1% faster). Other calls go to the
     kernel."""
-    scale = _row_scale(x, y) if numba_loaded() else None
+    scale = row_scale(x, y) if numba_loaded() else None
     if scale is None:
         return None
     big_first, w = scale
@@ -231,7 +231,7 @@ def _bind_mul(a, x, y):
         if (x.shape != sx or y.shape != sy or x.dtype != np.float32 or y.dtype != np.float32
                 or not (x.flags.c_contiguous and y.flags.c_contiguous)):
             return _mul_cpu(xp, attrs, x, y)
-        return _scale_rows(x, y, w) if big_first else _scale_rows(y, x, w)
+        return scaled_rows(x, y, w) if big_first else scaled_rows(y, x, w)
     return step
 
 

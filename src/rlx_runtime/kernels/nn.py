@@ -695,6 +695,71 @@ def _bind_gap(a, x):
     return step
 
 
+def _se_conv_attrs(a: dict, prefix: str) -> dict:
+    """A SqueezeExcite's squeeze (prefix "") or gate ("gate_") conv as FusedConv attrs: 1x1, stride 1, group 1,
+    its activation's attrs; made once per plan step (its epilogue is cached in them)."""
+    key = f"_{prefix or 'squeeze_'}conv"
+    conv = a.get(key)
+    if conv is None:
+        conv = a[key] = {"strides": None, "pads": None, "dilations": None, "group": 1,
+                         **{k: a.get(prefix + k) for k in ("activation", "alpha", "beta", "min", "max")}}
+    return conv
+
+
+@kernel("SqueezeExcite")
+def _squeeze_excite(xp, a, x, w1, b1, w2, b2):
+    """x times the gate FusedConv(FusedConv(GlobalAveragePool(x), w1, b1), w2, b2): each op's own kernel on this
+    backend, so the values are the unfused ones (IEEE products commute: the Mul's operand order does not matter)."""
+    be = backend_of(xp)
+    means = be.kernel("GlobalAveragePool")(xp, {}, x)
+    hidden = be.kernel("FusedConv")(xp, _se_conv_attrs(a, ""), means, w1, b1)
+    gate = be.kernel("FusedConv")(xp, _se_conv_attrs(a, "gate_"), hidden, w2, b2)
+    return be.kernel("Mul")(xp, {}, x, gate)
+
+
+@binder("SqueezeExcite", backend="cpu")
+def _bind_squeeze_excite(a, x, w1, b1, w2, b2):
+    """A one-image float32 SqueezeExcite step whose unfused steps would run conv_kernels' kernels (the channel means,
+    two pixel_convs, the row scale) bound to its shapes: one conv_kernels.squeeze_excite call (MobileNetV3-small's
+    blocks: four steps' dispatch, ~45-60 us inside a forward, in one), or, where the means and the scale would split
+    over the forward's threads (threads.stream_rows: a large x), those pieces one after the other. Either way the
+    unfused kernels on the same rows: the same bits. Other blocks: None (the kernel composes the unfused ops)."""
+    from .elementwise import row_scale, scaled_rows
+
+    arrays = (x, w1, b1, w2, b2)
+    if not (_numba_loaded() and all(isinstance(t, np.ndarray) and t.dtype == np.float32 for t in arrays)
+            and x.ndim == 4 and x.shape[0] == 1 and x.flags.c_contiguous and x.size):
+        return None
+    shape, c, width = x.shape, x.shape[1], x.shape[2] * x.shape[3]
+    pixel = (1, c, 1, 1)
+    a1, a2 = _se_conv_attrs(a, ""), _se_conv_attrs(a, "gate_")
+    if not (_tiny_pointwise(a1, pixel, w1) and _tiny_pointwise(a2, (1, w1.shape[0], 1, 1), w2)
+            and _pixel_conv_applies(pixel, np.float32, w1, None) and _pixel_conv_applies(pixel, np.float32, w2, None)
+            and row_scale(x, np.empty(pixel, np.float32)) is not None):
+        return None
+    squeeze, excite = _bound_pixel_conv(a1, w1, b1), _bound_pixel_conv(a2, w2, b2)
+    k = _conv_kernels()
+    w1t, w2t = (np.ascontiguousarray(w.reshape(w.shape[:2]).T) for w in (w1, w2))
+    f1, f2 = (threads.epilogue_fields(_epilogue(ca, b, ca["activation"]))[:9] for ca, b in ((a1, b1), (a2, b2)))
+    ints = np.array([f[i] for f in (f1, f2) for i in (1, 2, 5, 7)], np.int64)
+    floats = np.array([f[i] for f in (f1, f2) for i in (3, 4, 6, 8)], np.float32)
+    bias1, bias2, scratch_size = f1[0], f2[0], 2 * c + w1.shape[0]
+    work = x.size * k.STREAM_COST
+    aligned = _aligned()
+
+    def step(xp, attrs, x, w1_, b1_, w2_, b2_):
+        if (x.shape != shape or x.dtype != np.float32 or not x.flags.c_contiguous
+                or w1_ is not w1 or b1_ is not b1 or w2_ is not w2 or b2_ is not b2):
+            return _squeeze_excite(xp, attrs, x, w1_, b1_, w2_, b2_)
+        if threads.threads_for(work) > 1:  # as the unfused steps: the means and the scale split over the threads
+            return scaled_rows(x, excite(squeeze(_channel_means(x, width), None), None), width)
+        out = aligned.empty(shape, width)
+        k.squeeze_excite(x.reshape(-1), out.reshape(-1), width, w1t, bias1, w2t, bias2, ints, floats,
+                         np.empty(scratch_size, np.float32))
+        return out
+    return step
+
+
 @kernel("BatchNormalization")
 def _bn(xp, a, x, scale, bias, mean, var):
     shp = (1, -1) + (1,) * (x.ndim - 2)

@@ -11,7 +11,8 @@ Conv + activation (`fuse_conv_activation`, compile only, so baked files keep pla
 reader is a Relu/Sigmoid/Silu/LeakyRelu/Clip -> FusedConv(activation=...), with equal values; and
 Mul(c, Clip(c * alpha + beta, 0, 1)) over a Conv c (HardSwish as the ONNX import lowers it) -> FusedConv
 (activation=HardSwish). Add(Conv, r) (a residual block's sum; the activation that alone reads it, if any) ->
-FusedConv(x, w, b, r) (`_fuse_conv_residual`).
+FusedConv(x, w, b, r) (`_fuse_conv_residual`). Then a squeeze-excite block, x times the gate made from its
+channel means by two 1x1 FusedConvs, -> SqueezeExcite (`fuse_squeeze_excite`).
 
 MatMul + bias (`fuse_linear`, compile only): Add(MatMul(x, w), b) (either order) over a float32 MatMul that nothing
 else reads, w a matrix, b one value per output column -> FusedMatMul(x, w, b); then Add(that, r) (either order, r of
@@ -240,6 +241,55 @@ def fuse_conv_activation(graph: Graph, report=None) -> Graph:
     if not absorbed:
         return graph
     _drop(graph, absorbed, read)  # with HardSwish's fused-away scalars
+    return graph.validate()
+
+
+_ACTIVATION_ATTRS = ("activation", "alpha", "beta", "min", "max")
+
+
+def _pixel_conv_of(graph: Graph, lookup, name: str, channels) -> Node | None:
+    """The FusedConv that makes `name` (read by one node) from a one-pixel float32 input: a 1x1 kernel, group 1,
+    a bias, no residual, its output one pixel of `channels` channels (None: any); else None."""
+    conv = lookup(name, "FusedConv")
+    if conv is None or len(conv.inputs) != 3 or conv.attrs.get("group", 1) != 1:
+        return None
+    w, t = graph.types[conv.inputs[1]], graph.types[name]
+    ok = (t.dtype == "f32" and len(t.shape) == 4 and t.shape[2:] == (1, 1) and w.shape[2:] == (1, 1)
+          and graph.types[conv.inputs[0]].shape[2:] == (1, 1) and (channels is None or t.shape[1] == channels))
+    return conv if ok else None
+
+
+def fuse_squeeze_excite(graph: Graph, report=None) -> Graph:
+    """Mul(x, s) (either order) with s = FusedConv(FusedConv(GlobalAveragePool(x), w1, b1), w2, b2), each 1x1
+    conv on one pixel with a bias and no residual, x float32 (N, C, H, W) of known dims, and the pool, the first
+    conv and s read by nothing else -> SqueezeExcite(x, w1, b1, w2, b2) with the convs' activations (the second's
+    as gate_*). Compile only, after fuse_conv_activation (MobileNetV3's and EfficientNet's blocks: four steps,
+    each with its own dispatch, where the CPU runs one); every kernel gives the unfused values."""
+    lookup = _sole_reader_lookup(graph, set())
+    absorbed: set[str] = set()
+    for mul in graph.nodes:
+        if mul.op != "Mul" or len(mul.inputs) != 2 or mul.name in absorbed:
+            continue
+        for x, s in ((mul.inputs[0], mul.inputs[1]), (mul.inputs[1], mul.inputs[0])):
+            t = graph.types[x]
+            if not (t.dtype == "f32" and len(t.shape) == 4 and all(isinstance(d, int) for d in t.shape)
+                    and graph.types[mul.name] == t and x != s):
+                continue
+            gate = _pixel_conv_of(graph, lookup, s, t.shape[1])
+            squeeze = gate and _pixel_conv_of(graph, lookup, gate.inputs[0], None)
+            pool = squeeze and lookup(squeeze.inputs[0], "GlobalAveragePool")
+            if not pool or pool.inputs[0] != x or absorbed & {gate.name, squeeze.name, pool.name}:
+                continue
+            attrs = {k: squeeze.attrs[k] for k in _ACTIVATION_ATTRS if k in squeeze.attrs}
+            attrs.update({f"gate_{k}": gate.attrs[k] for k in _ACTIVATION_ATTRS if k in gate.attrs})
+            mul.op, mul.inputs, mul.attrs = "SqueezeExcite", [x, *squeeze.inputs[1:], *gate.inputs[1:]], attrs
+            absorbed.update((gate.name, squeeze.name, pool.name))
+            break
+    if report is not None:
+        report.simplified += len(absorbed)
+    if not absorbed:
+        return graph
+    _drop(graph, absorbed, set())
     return graph.validate()
 
 

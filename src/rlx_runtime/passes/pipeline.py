@@ -25,7 +25,7 @@ from .affine import fold_affine
 from .dce import dead_code_elimination
 from .dedupe import dedupe_constants
 from .fold import constant_fold
-from .fuse import fuse, fuse_conv_activation, fuse_linear
+from .fuse import fuse, fuse_conv_activation, fuse_linear, fuse_squeeze_excite
 from .inbodies import BodyView, each_body
 from .report import PassReport
 from .simplify import simplify
@@ -141,6 +141,7 @@ SIMPLIFY = Pass("simplify", _counted(simplify, "simplified"))
 FUSE = Pass("fuse", _counted(fuse, "simplified"))
 FUSE_CONV = Pass("fuse_conv", _counted(fuse_conv_activation, "simplified"))
 FUSE_LINEAR = Pass("fuse_linear", _counted(fuse_linear, "simplified"))
+FUSE_SE = Pass("fuse_squeeze_excite", _counted(fuse_squeeze_excite, "simplified"))
 DCE = Pass("dce", _dce)
 DEDUPE = Pass("dedupe", _counted(dedupe_constants, "deduped"))
 UNPACK = Pass("unpack", _counted(unpack_quantized, "simplified"))
@@ -179,7 +180,7 @@ def compile_pipeline(graph: Graph, options) -> tuple[Graph, PassReport]:
     if options.optimize or options.param_bindings or options.unpack_quantized:
         g = run_group(g, [SIMPLIFY, FUSE, AFFINE, FOLD], ctx)
         # after affine: a BatchNorm or scale is in the Conv weights by now
-        g = run_group(g, [FUSE_CONV, FUSE_LINEAR], ctx)
+        g = run_group(g, [FUSE_CONV, FUSE_LINEAR, FUSE_SE], ctx)
         g = run_group(g, [DCE, DEDUPE], ctx)
     elif options.precompute:
         g = run_group(g, [FOLD], ctx)
