@@ -832,8 +832,12 @@ def _first_lanes(builder, count, lanes):
         bits = builder.select(full, ir.Constant(ity, -1), builder.sub(builder.shl(ir.Constant(ity, 1), n),
                                                                        ir.Constant(ity, 1)))
         return builder.bitcast(bits, ir.VectorType(ir.IntType(1), lanes))
-    vi = ir.VectorType(_I64, lanes)
-    return builder.icmp_signed("<", ir.Constant(vi, list(range(lanes))), _splat(builder, count, vi))
+    # lane indices as i32 (the count clamped to `lanes` first): an i64 compare of 32 lanes took 8 AVX2 compares and
+    # the packs down to the load's 4 masks, part of a short row's sum (sum_f32 on 49 values: 20.6 -> 16.7 ns)
+    c32 = builder.trunc(builder.select(builder.icmp_unsigned("<", count, ir.Constant(_I64, lanes)), count,
+                                       ir.Constant(_I64, lanes)), _I32)
+    vi = ir.VectorType(_I32, lanes)
+    return builder.icmp_signed("<", ir.Constant(vi, list(range(lanes))), _splat(builder, c32, vi))
 
 
 def _np_maximum(builder, old, new):
@@ -999,17 +1003,29 @@ def sum_f32(typingctx, src, start, count):
 
         accs = _block_loop(builder, ir.Constant(_I64, 0), blocks, [zero] * SUM_CHAINS, body)
         done = builder.mul(blocks, ir.Constant(_I64, SUM_CHAINS * LANES))
-        slot = cgutils.alloca_once_value(builder, done)
-        cells = [cgutils.alloca_once_value(builder, a) for a in accs]
+        accs = list(accs)
         for k in range(SUM_CHAINS):  # the rest, a vector (the last one masked) into each accumulator in turn
-            at = builder.load(slot)
+            at = builder.add(done, ir.Constant(_I64, k * LANES))
             left = builder.sub(n, at)
+            before, acc = builder.block, accs[k]
             with builder.if_then(builder.icmp_signed(">", left, ir.Constant(_I64, 0))):
-                # every lane set while a whole vector is left: the first `left` lanes, as many as there are
-                v = _masked(builder, "load", _VF, builder.gep(sp, [at]), _first_lanes(builder, left, LANES), zero)
-                builder.store(builder.fadd(builder.load(cells[k]), v), cells[k])
-                builder.store(builder.add(at, ir.Constant(_I64, LANES)), slot)
-        return _lane_sum(builder, _tree_sum(builder, [builder.load(c) for c in cells]))
+                # a whole vector unmasked (a masked load's mask cost more than its 32 additions); the last partial
+                # one masked to the `left` lanes there are
+                with builder.if_else(builder.icmp_signed(">=", left, ir.Constant(_I64, LANES))) as (whole, part):
+                    with whole:
+                        v_whole, from_whole = _load_vec(builder, sp, at, _VF), builder.block
+                    with part:
+                        mask = _first_lanes(builder, left, LANES)
+                        v_part = _masked(builder, "load", _VF, builder.gep(sp, [at]), mask, zero)
+                        from_part = builder.block
+                v = builder.phi(_VF)
+                v.add_incoming(v_whole, from_whole)
+                v.add_incoming(v_part, from_part)
+                added, from_added = builder.fadd(acc, v), builder.block
+            accs[k] = builder.phi(_VF)
+            accs[k].add_incoming(acc, before)
+            accs[k].add_incoming(added, from_added)
+        return _lane_sum(builder, _tree_sum(builder, accs))
 
     return types.float32(src, start, count), codegen
 
