@@ -104,7 +104,7 @@ def test_fused_block_gives_the_unfused_bits(xs, bound, threads_, monkeypatch):
             want = ref.run(feed)
             for _ in range(2):  # the first run binds, the second calls what was bound
                 _same_bits(fused.run(feed), want)
-    pieces = n > 1 and threads_ == "2-split" or n > 1 and xs[1] * xs[2] * xs[3] * 4 >= threads._MIN_SPLIT_WORK
+    pieces = n > 1 and np.prod(xs) * conv_kernels.STREAM_COST >= threads._MIN_SPLIT_WORK  # as the unfused split
     assert bool(single) == (bound and not pieces), (single, bound, pieces)
 
 

@@ -686,8 +686,7 @@ def _few_rows_codegen(gathered: bool, tile: tuple[int, ...]):
 
 def few_rows_intrinsics(tile: tuple[int, ...] = FEW_ROWS_TILE) -> tuple:
     """(skinny_f32, gather_f32) built with a register tile (rows per pass over k, columns per vector[, vectors per
-    pass]); the module's
-    are FEW_ROWS_TILE's (tests build the others: every tile must give the same bits)."""
+    pass]); the module's are FEW_ROWS_TILE's (tests build the others: every tile must give the same bits)."""
     @intrinsic
     def skinny_f32(typingctx, out, x, wt, rows, k, n, c0, c1):
         ints = all(isinstance(v, types.Integer) for v in (rows, k, n, c0, c1))

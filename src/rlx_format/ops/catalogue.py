@@ -116,12 +116,11 @@ _reg("FusedConv", (2, 4), infer_fused_conv, {**_CONV_ATTRS,
 # FusedConv(FusedConv(GlobalAveragePool(x), w1, b1), w2, b2), the convs' activations as FusedConv's attrs, the
 # second's prefixed gate_
 _SE_ACTIVATIONS = FUSED_CONV_ACTIVATIONS + FUSED_CONV_PATTERNS + ("Identity",)
-_reg("SqueezeExcite", 5, infer_squeeze_excite, {
-    **{f"{prefix}activation" if prefix else "activation": Attr("str", choices=_SE_ACTIVATIONS)
-       for prefix in ("", "gate_")},
-    **{prefix + k: v for prefix in ("", "gate_") for k, v in (
-        ("alpha", Attr("float", 0.01)), ("beta", Attr("float", 0.5)), ("min", Attr("float", None, nonfinite=True)),
-        ("max", Attr("float", None, nonfinite=True)))}})
+_SE_CONV_ATTRS = {"activation": Attr("str", choices=_SE_ACTIVATIONS), "alpha": Attr("float", 0.01),
+                  "beta": Attr("float", 0.5), "min": Attr("float", None, nonfinite=True),
+                  "max": Attr("float", None, nonfinite=True)}
+_reg("SqueezeExcite", 5, infer_squeeze_excite,
+     {prefix + k: v for prefix in ("", "gate_") for k, v in _SE_CONV_ATTRS.items()})
 _reg("ConvTranspose", (2, 3), infer_conv_transpose, {**_CONV_ATTRS, "output_padding": Attr("ints", None, lo=0)})
 _POOL_ATTRS = {"kernel_shape": Attr("ints", lo=1), "strides": Attr("ints", None, lo=1),
                "pads": Attr("ints", None, lo=0),

@@ -133,13 +133,12 @@ def infer_squeeze_excite(ctx: InferCtx) -> TensorType:
     for i, t in enumerate(ctx.inputs[1:], 1):
         if t.dtype != x.dtype:
             raise ctx.fail(f"input {i} is {t.dtype}; expected {x.dtype}, as x")
-    c, c1 = x.shape[1], w1.shape[0] if w1.rank == 4 else None
+    c, c1 = x.shape[1], w1.shape[0] if w1.rank == 4 else "C1"
     want = {1: ((c1, c, 1, 1), w1), 2: ((c1,), b1), 3: ((c, c1, 1, 1), w2), 4: ((c,), b2)}
     for i, (shape, t) in want.items():
-        if c1 is None or t.rank != len(shape) or not all(dims_equal_or_symbolic(a, b)
-                                                         for a, b in zip(t.shape, shape)):
-            raise ctx.fail(f"input {i} has shape {list(t.shape)}; expected {[d for d in shape]} (x has {c} "
-                           "channels, the squeeze w1's first dim its channels)")
+        if t.rank != len(shape) or not all(dims_equal_or_symbolic(a, b) for a, b in zip(t.shape, shape)):
+            raise ctx.fail(f"input {i} has shape {list(t.shape)}; expected {list(shape)} (x has {c} channels, the "
+                           "squeeze w1's first dim its channels)")
     return x
 
 

@@ -421,13 +421,16 @@ def _pixel_conv_applies(shape: tuple, dtype, w, epilogue) -> bool:
             and (epilogue is None or not epilogue.args[-1]))
 
 
-def _bound_pixel_conv(a, w, b):
-    """_pixel_conv of a bound FusedConv step (weights w, bias b) with its transposed weights and epilogue fields
-    derived once: a call is then the kernel's own dispatch (a squeeze-excite block's 144->576 conv: 8.7 -> 4.6 us
-    hot, of which ~4 are numba's dispatch of its 12 arguments)."""
+def _pixel_conv_parts(a, w, b) -> tuple[np.ndarray, tuple]:
+    """A 1x1-pixel FusedConv's (weights w, bias b) transposed weights and pixel_conv's epilogue fields."""
     o, c = w.shape[:2]
-    wt = np.ascontiguousarray(w.reshape(o, c).T)
-    fields = threads.epilogue_fields(_epilogue(a, b, a["activation"]))[:9]
+    return np.ascontiguousarray(w.reshape(o, c).T), threads.epilogue_fields(_epilogue(a, b, a["activation"]))[:9]
+
+
+def _bound_pixel_conv(o: int, wt: np.ndarray, fields: tuple):
+    """_pixel_conv of a bound FusedConv step of `o` outputs with its _pixel_conv_parts derived once: a call is then
+    the kernel's own dispatch (a squeeze-excite block's 144->576 conv: 8.7 -> 4.6 us hot, of which ~4 are numba's
+    dispatch of its 12 arguments)."""
     kernel = _conv_kernels().pixel_conv
 
     def run(x, _):
@@ -504,7 +507,7 @@ def _bind_conv(a, x, w, b=None, residual=None):
         if not (fused and not res0 and shape[0] == 1):
             return None
         if _pixel_conv_applies(shape, np.float32, w0, None):
-            return bound(_bound_pixel_conv(a, w0, b0))
+            return bound(_bound_pixel_conv(w0.shape[0], *_pixel_conv_parts(a, w0, b0)))
         return bound(lambda x, _: _tiny_fused_conv(a, x, w0, b0))
     if fused:
         ep0 = _epilogue(a, b0, a["activation"])
@@ -737,10 +740,9 @@ def _bind_squeeze_excite(a, x, w1, b1, w2, b2):
             and _pixel_conv_applies(pixel, np.float32, w1, None) and _pixel_conv_applies(pixel, np.float32, w2, None)
             and row_scale(x, np.empty(pixel, np.float32)) is not None):
         return None
-    squeeze, excite = _bound_pixel_conv(a1, w1, b1), _bound_pixel_conv(a2, w2, b2)
+    (w1t, f1), (w2t, f2) = _pixel_conv_parts(a1, w1, b1), _pixel_conv_parts(a2, w2, b2)
+    squeeze, excite = _bound_pixel_conv(w1.shape[0], w1t, f1), _bound_pixel_conv(c, w2t, f2)
     k = _conv_kernels()
-    w1t, w2t = (np.ascontiguousarray(w.reshape(w.shape[:2]).T) for w in (w1, w2))
-    f1, f2 = (threads.epilogue_fields(_epilogue(ca, b, ca["activation"]))[:9] for ca, b in ((a1, b1), (a2, b2)))
     ints = np.array([f[i] for f in (f1, f2) for i in (1, 2, 5, 7)], np.int64)
     floats = np.array([f[i] for f in (f1, f2) for i in (3, 4, 6, 8)], np.float32)
     bias1, bias2, scratch_size = f1[0], f2[0], 2 * c + w1.shape[0]
