@@ -92,3 +92,42 @@ def test_row_scale_and_max_pool_outputs_start_on_a_line():
     pooled = [nn._maxpool_cpu(np, attrs, x) for _ in range(12)]
     assert all(_start(y) == 0 for y in pooled)  # 8x8 planes: 64 elements, whole lines
     np.testing.assert_array_equal(pooled[0], x.reshape(1, 4, 8, 2, 8, 2).max(axis=(3, 5)))
+
+
+@pytest.mark.parametrize("shape", [(3, 16), (2, 5, 7), (1,)], ids=str)
+def test_zeros_and_array_start_on_a_line(shape):
+    for _ in range(8):  # numpy's own start is off a line three times in four: eight tries find a start unmoved
+        z = aligned.zeros(shape)
+        assert (z.shape, z.dtype, z.flags.c_contiguous, z.flags.writeable) == (shape, np.float32, True, True)
+        assert _start(z) == 0 and not np.any(z)
+        src = RNG.standard_normal(shape)[..., ::-1]  # float64, not contiguous
+        a = aligned.array(src)
+        assert a.shape == shape and a.dtype == np.float32 and a.flags.c_contiguous and _start(a) == 0
+        np.testing.assert_array_equal(a, src.astype(np.float32))
+
+
+def test_packed_weights_start_on_a_line():
+    """The weights kernels pack once per compile and load as vectors: an LSTM's Rᵀ panels, a dense conv's channel
+    blocks, a depthwise conv's tap blocks, a 1x1-pixel conv's transpose (the same values as the plain layouts)."""
+    from rlx_runtime import conv_kernels, recurrent_kernels
+    for k in (5, 64, 256):
+        rt = RNG.standard_normal((k, 4 * k)).astype(np.float32)
+        panels, offsets = recurrent_kernels.pack_panels(rt)
+        assert _start(panels) == 0
+        flat = panels.reshape(-1)
+        assert all(np.array_equal(flat[offsets[c // recurrent_kernels.PANEL, i] + c], rt[i, c])
+                   for i in range(0, k, 3) for c in range(0, 4 * k, 7))
+        w = RNG.standard_normal((k + 3, 18)).astype(np.float32)
+        blocks = conv_kernels.pack_channel_blocks(w)
+        assert _start(blocks) == 0
+        b = blocks.reshape(blocks.shape[0], 18, -1)  # (block, step, channel in block)
+        np.testing.assert_array_equal(b.transpose(0, 2, 1).reshape(-1, 18)[:k + 3], w)
+        wd = RNG.standard_normal((k, 1, 3, 3)).astype(np.float32)
+        plan = conv_taps.BlockPlan((1, k, 8, 8), wd, (1, 1), (1, 1), (1, 1, 1, 1), (8, 8))
+        assert _start(plan.taps) == 0
+        t = plan.taps.reshape(plan.blocks, 9, -1).transpose(0, 2, 1).reshape(-1, 9)[:k]
+        np.testing.assert_array_equal(t, wd.reshape(k, 9))
+        wp = RNG.standard_normal((k, k + 1, 1, 1)).astype(np.float32)
+        wt = nn._pixel_weights(wp)
+        assert _start(wt) == 0
+        np.testing.assert_array_equal(wt, wp[:, :, 0, 0].T)

@@ -12,6 +12,7 @@ import numpy as np
 
 from rlx_format.numba_setup import numba
 
+from . import aligned
 from .simd import (AVX512, BLOCK, CHANNEL_BLOCK, LANES, SKINNY_ROWS, channels_f32, copy_f32, gather_f32, max_fold_f32,
                    sigmoid_f32, skinny_f32,
                    sum_f32, tap_rows_f32, taps_block_f32, transpose_block_f32, transpose_block_to_f32)
@@ -287,12 +288,13 @@ CHANNEL_COLUMNS, CHANNEL_STEPS = 256, 144
 
 def pack_channel_blocks(w: np.ndarray) -> np.ndarray:
     """w (O, K) float32 as (ceil(O / CHANNEL_BLOCK), K * CHANNEL_BLOCK): block j's row holds, step by step, the
-    weights of output channels j * CHANNEL_BLOCK .. + CHANNEL_BLOCK - 1 (zeros past O): simd.channels_f32's w."""
+    weights of output channels j * CHANNEL_BLOCK .. + CHANNEL_BLOCK - 1 (zeros past O): simd.channels_f32's w,
+    starting on a cache line (aligned.py: each step's vectors are whole lines)."""
     o, k = w.shape
     blocks = -(-o // CHANNEL_BLOCK)
     padded = np.zeros((blocks * CHANNEL_BLOCK, k), np.float32)
     padded[:o] = w
-    return np.ascontiguousarray(padded.reshape(blocks, CHANNEL_BLOCK, k).transpose(0, 2, 1)).reshape(blocks, -1)
+    return aligned.array(padded.reshape(blocks, CHANNEL_BLOCK, k).transpose(0, 2, 1)).reshape(blocks, -1)
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")

@@ -194,7 +194,8 @@ class BlockPlan:
         self.blocks = -(-c // BLOCK)
         padded = np.zeros((self.blocks * BLOCK, kh * kw), np.float32)
         padded[:c] = w.reshape(c, -1)
-        self.taps = np.ascontiguousarray(padded.reshape(self.blocks, BLOCK, -1).transpose(0, 2, 1)).reshape(
+        # on a cache line: each tap's BLOCK weights are a whole vector, loaded once per tap and band
+        self.taps = _numba_side()[2].array(padded.reshape(self.blocks, BLOCK, -1).transpose(0, 2, 1)).reshape(
             self.blocks, -1)
         wp = wd + pads[1] + pads[3]
         reach = (kh - 1) * dh + 1

@@ -23,6 +23,7 @@ import numpy as np
 
 from rlx_format.numba_setup import numba
 
+from . import aligned
 from .atomics import backoff, fetch_add, load, store
 from .simd import FEW_ROWS_SPAN, SKINNY_ROWS, gather_f32, sigmoid_f32
 from .ufuncs import tanh_f32_loop
@@ -37,12 +38,12 @@ def pack_panels(rt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     GEMM then reads each panel as one stream: Rᵀ's rows, 4H floats apart (4 KiB and more: a page apart), left the
     prefetchers idle (8x256 @ 256x1024: 62 GMAC/s as rows of Rᵀ, 76 as panels). A panel is a column block of the
     kernel, whose passes of few rows take several vectors side by side (32-column panels held them to one). The
-    products and their order are the same, so the same bits."""
+    products and their order are the same, so the same bits. The panels start on a cache line (aligned.py)."""
     k, n = rt.shape
     count = -(-n // PANEL)
     padded = np.zeros((k, count * PANEL), np.float32)
     padded[:, :n] = rt
-    panels = np.ascontiguousarray(padded.reshape(k, count, PANEL).transpose(1, 0, 2))
+    panels = aligned.array(padded.reshape(k, count, PANEL).transpose(1, 0, 2))
     p = np.arange(count, dtype=np.int64)[:, None]
     offsets = p * k * PANEL + np.arange(k, dtype=np.int64)[None, :] * PANEL - p * PANEL
     return panels, np.ascontiguousarray(offsets)

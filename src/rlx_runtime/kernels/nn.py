@@ -423,8 +423,14 @@ def _pixel_conv_applies(shape: tuple, dtype, w, epilogue) -> bool:
 
 def _pixel_conv_parts(a, w, b) -> tuple[np.ndarray, tuple]:
     """A 1x1-pixel FusedConv's (weights w, bias b) transposed weights and pixel_conv's epilogue fields."""
+    return _pixel_weights(w), threads.epilogue_fields(_epilogue(a, b, a["activation"]))[:9]
+
+
+def _pixel_weights(w: np.ndarray) -> np.ndarray:
+    """A 1x1-pixel conv's (O, C, 1, 1) weights as pixel_conv's (C, O), starting on a cache line (its rows are
+    loaded as vectors of outputs)."""
     o, c = w.shape[:2]
-    return np.ascontiguousarray(w.reshape(o, c).T), threads.epilogue_fields(_epilogue(a, b, a["activation"]))[:9]
+    return _aligned().array(w.reshape(o, c).T)
 
 
 def _bound_pixel_conv(o: int, wt: np.ndarray, fields: tuple):
@@ -446,7 +452,7 @@ def _pixel_conv(a, x, w, epilogue):
     o, c = w.shape[:2]
     cached = a.get("_pixel_weights")
     if cached is None or cached[0] is not w:
-        cached = a["_pixel_weights"] = (w, np.ascontiguousarray(w.reshape(o, c).T))
+        cached = a["_pixel_weights"] = (w, _pixel_weights(w))
     out = np.empty((1, o, 1, 1), np.float32)
     _conv_kernels().pixel_conv(out.reshape(-1), np.ascontiguousarray(x).reshape(-1), cached[1],
                                *threads.epilogue_fields(epilogue)[:9])
