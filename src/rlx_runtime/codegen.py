@@ -9,6 +9,9 @@ and which compute in place is stated once, with each kernel (kernels.registry.Ke
 A step whose op has a binder on the backend (kernels.registry.BINDERS) calls it at its first run: the
 kernel it returns, bound to that step's attrs and inputs, takes the step's place in the generated
 function's namespace for every later call (BIND = False keeps the registered kernels: tests compare).
+
+A view whose geometry compile knows (a reshape to a static shape, a transpose, a Slice by attrs of a static input)
+is an inline expression instead of a kernel call (INLINE_VIEWS = False keeps the calls: tests compare).
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ import numpy as np
 from rlx_format.dtypes import FLOAT_DTYPES
 
 from .clamp import relu
+from .kernels.data import slice_index
 from .kernels.elementwise import multiply_cpu
-from .kernels.registry import FACTS
+from .kernels.registry import FACTS, KERNELS
 
 BIND = True  # steps call their op's binder at their first run (module docstring)
+INLINE_VIEWS = True  # views whose geometry compile knows are inline expressions (_view_code; False: kernel calls)
 
 # in-place spellings that are not a plain numpy ufunc over the inputs
 _INPLACE_CALLS = {"relu": "_relu({0}, out={0})", "multiply": "_multiply({0}, {1}, out={0})"}
@@ -32,6 +37,29 @@ def _fits(shape: tuple, out: tuple) -> bool:
     if len(shape) > len(out):
         return False
     return all(d == 1 or d == o for d, o in zip(shape[::-1], out[::-1]))
+
+
+_RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+
+
+def _view_code(st, in_type, out_type, ns: dict, key: str) -> str | None:
+    """The step as an inline expression on its input when it is a view whose geometry compile knows: a reshape to
+    a static shape, a transpose, a Slice by attrs of a static input. The op's kernel would work it out on every
+    call (~2-4 us of Python each; GPT-2's decoding step has ~200 of them). None: call the kernel. Only for the
+    generic kernels (a backend's own kernel for the op is called), whose values these are: `x.reshape(shape)`,
+    `x.transpose(perm)` and the same index that Slice's kernel takes (kernels.data.slice_index)."""
+    if st.fn is not KERNELS.get(st.op) or not st.ins or in_type is None:
+        return None
+    x = f"v{st.ins[0]}"
+    if st.op in _RESHAPES and out_type.is_static():
+        return f"{x}.reshape({tuple(out_type.shape)!r})"
+    if st.op == "Transpose":
+        perm = st.attrs["perm"]
+        return f"{x}.transpose({tuple(range(in_type.rank))[::-1] if perm is None else tuple(perm)!r})"
+    if st.op == "Slice" and len(st.ins) == 1 and in_type.is_static():
+        ns[key] = slice_index(in_type.shape, st.attrs, st.attrs["starts"], st.attrs["ends"])
+        return f"{x}[{key}]"
+    return None
 
 
 def _binding(ns: dict, key: str, kernel, bind):
@@ -74,7 +102,11 @@ def generate(plan) -> tuple[object, dict[int, int]]:
                    and st.ins.count(first) == 1
                    and all(_fits(types[name_of[i]].shape, types[st.name].shape) for i in st.ins[1:])
                    and (types[st.name].dtype in FLOAT_DTYPES or not facts.inplace_floats_only))
-        if inplace and facts.inplace in _INPLACE_CALLS:
+        view = (_view_code(st, types.get(name_of[first]) if first is not None else None, types[st.name], ns, f"I{i}")
+                if INLINE_VIEWS else None)
+        if view is not None:
+            code = f"    v{st.out} = {view}"
+        elif inplace and facts.inplace in _INPLACE_CALLS:
             code = f"    v{st.out} = " + _INPLACE_CALLS[facts.inplace].format(*(f"v{i}" for i in st.ins))
         elif inplace:
             code = f"    v{st.out} = np.{facts.inplace}({args}, out=v{first})"
@@ -94,6 +126,7 @@ def generate(plan) -> tuple[object, dict[int, int]]:
             loaded.add(s)
     lines.append("    return [" + ", ".join(f"v{s}" for _, s in plan.output_slots) + "]")
     src = "\n".join(lines) + "\n"
+    ns["SOURCE"] = src  # for tests and debugging
     # the name is quoted: compile() refuses a NUL in the filename, and names reach only this string
     exec(compile(src, f"<rlx plan {g.name!r}>", "exec"), ns)  # noqa: S102 - our own generated code
     return ns["_run"], line_step

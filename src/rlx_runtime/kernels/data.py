@@ -41,15 +41,20 @@ def _concat(xp, a, *xs):
 def _slice(xp, a, x, starts=None, ends=None):
     starts = a["starts"] if starts is None else host_ints(xp, starts)
     ends = a["ends"] if ends is None else host_ints(xp, ends)
-    idx = [slice(None)] * x.ndim
+    return x[slice_index(x.shape, a, starts, ends)]
+
+
+def slice_index(shape: tuple[int, ...], a: dict, starts, ends) -> tuple[slice, ...]:
+    """The numpy index of a Slice of an array of `shape` (attrs `a`: axes, steps), starts and ends given."""
+    idx = [slice(None)] * len(shape)
     axes = a["axes"] if a["axes"] is not None else range(len(starts))
     steps = a["steps"] or [1] * len(starts)
     for s, e, ax, st in zip(starts, ends, axes, steps):
-        if x.shape[ax] == 0:
+        if shape[ax] == 0:
             continue
-        start, stop = slice_bounds(x.shape[ax], s, e, st)
+        start, stop = slice_bounds(shape[ax], s, e, st)
         idx[ax] = slice(start, None if stop < 0 else stop, st)  # stop -1 means "before index 0"
-    return x[tuple(idx)]
+    return tuple(idx)
 
 
 @kernel("Gather")
