@@ -742,13 +742,19 @@ def stream_rows(put: str, rows: int, work: int, arrays: tuple, width: int, run: 
         steps.run()
 
 
+def one_chunk(rows: int, work: int) -> bool:
+    """Whether rows_in_chunks runs `rows` rows of `work` as one call (then a caller may make the call itself, on
+    whole arrays: a small op's slices and closure cost more than its rows, e.g. ~1 of a 12x128 Softmax's 3 us)."""
+    return rows < 2 or threads_for(work) < 2
+
+
 def rows_in_chunks(rows: int, work: int, fn: Callable[[int, int], None]) -> None:
     """fn(r0, r1) over rows 0..rows in one chunk per thread that `work` (the whole job's, in GEMM multiply-adds)
     is worth (threads_for), run by run_chunks (one chunk: called here): for row kernels (numba, nogil) whose rows
     are independent and that split nothing themselves."""
-    edges = chunk_edges(rows, threads_for(work), 1)
-    if len(edges) == 2:  # one chunk: the call itself (run_chunks' set-up took ~2.5 us of a 768-wide LayerNorm's 12)
+    if one_chunk(rows, work):  # the call itself (run_chunks' set-up took ~2.5 us of a 768-wide LayerNorm's 12)
         return fn(0, rows)
+    edges = chunk_edges(rows, threads_for(work), 1)
     run_chunks(len(edges) - 1, lambda i: fn(edges[i], edges[i + 1]))
 
 

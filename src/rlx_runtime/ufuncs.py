@@ -372,9 +372,13 @@ def softmax_last(x: np.ndarray, out: np.ndarray, generic) -> np.ndarray:
     rows = flat.size // width
     odd = np.zeros(rows, np.bool_)
     dst = out.reshape(-1)
-    threads.rows_in_chunks(rows, flat.size * ROW_PASS_COST, lambda r0, r1: softmax_rows(
-        flat[r0 * width:r1 * width], dst[r0 * width:r1 * width], width, odd[r0:r1]))
-    if odd.any():
+    work = flat.size * ROW_PASS_COST
+    if threads.one_chunk(rows, work):
+        softmax_rows(flat, dst, width, odd)
+    else:
+        threads.rows_in_chunks(rows, work, lambda r0, r1: softmax_rows(
+            flat[r0 * width:r1 * width], dst[r0 * width:r1 * width], width, odd[r0:r1]))
+    if np.count_nonzero(odd):  # (odd.any() took 1.2 us, this 0.3)
         out.reshape(rows, width)[odd] = generic(flat.reshape(rows, width)[odd])
     return out
 

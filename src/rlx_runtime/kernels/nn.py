@@ -799,10 +799,15 @@ def _layernorm_cpu(xp, a, x, scale, bias=None):
     flat, dst = np.ascontiguousarray(x).reshape(-1), out.reshape(-1)
     scale, eps, rows_of = np.ascontiguousarray(scale).reshape(-1), np.float32(a["epsilon"]), _ufuncs().layer_norm_rows
 
-    def rows(r0: int, r1: int) -> None:
+    rows, work = flat.size // width, flat.size * _ufuncs().ROW_PASS_COST
+    if threads.one_chunk(rows, work):
+        rows_of(flat, scale, b, bias is not None, dst, width, eps)
+        return out
+
+    def chunk(r0: int, r1: int) -> None:
         rows_of(flat[r0 * width:r1 * width], scale, b, bias is not None, dst[r0 * width:r1 * width], width, eps)
 
-    threads.rows_in_chunks(flat.size // width, flat.size * _ufuncs().ROW_PASS_COST, rows)
+    threads.rows_in_chunks(rows, work, chunk)
     return out
 
 
