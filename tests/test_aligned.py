@@ -131,3 +131,35 @@ def test_packed_weights_start_on_a_line():
         wt = nn._pixel_weights(wp)
         assert _start(wt) == 0
         np.testing.assert_array_equal(wt, wp[:, :, 0, 0].T)
+
+
+def test_column_major_weights_start_on_a_line():
+    """The MatMul weights compile holds in column-major order (plan.matmul_weights) are float32 copies starting on
+    a cache line, with the weights' values; the model's result is unchanged."""
+    import sys
+
+    from rlx_format import GraphBuilder
+    from rlx_runtime import Session
+    g = GraphBuilder("columns")
+    h = g.input("x", "f32", [1, 64])
+    # (64, 640) wider than tall and (480, 64) small: kept row-major; the four between: column-major (numpy's own
+    # start is off a line three times in four: four copies find a start left unmoved)
+    sizes = [64, 640, 600, 560, 520, 480, 64]
+    ws = [RNG.standard_normal((k, n)).astype(np.float32) * 0.05 for k, n in zip(sizes, sizes[1:])]
+    for i, w in enumerate(ws):
+        h = g.op("MatMul", h, g.constant(w, name=f"w{i}"), name=f"m{i}")
+    g.output(h)
+    numba_before = "numba" in sys.modules
+    compiled = Session().compile(g.build())
+    assert ("numba" in sys.modules) == numba_before  # aligning the copies loads nothing
+    held = [v for v in compiled._plan.base if isinstance(v, np.ndarray) and v.ndim == 2]
+    columns = [v for v in held if v.flags.f_contiguous and not v.flags.c_contiguous]
+    assert len(columns) == 4 and all(_start(v) == 0 and v.dtype == np.float32 for v in columns)
+    assert sorted(map(np.shape, columns)) == [(520, 480), (560, 520), (600, 560), (640, 600)]
+    for v in columns:
+        np.testing.assert_array_equal(v, next(w for w in ws if w.shape == v.shape))
+    x = RNG.standard_normal((1, 64)).astype(np.float32)
+    want = x.astype(np.float64)
+    for w in ws:
+        want = want @ w
+    np.testing.assert_allclose(compiled.run({"x": x})["m5"], want, rtol=1e-4, atol=1e-5)

@@ -9,30 +9,28 @@ AVX-512). A conv's output is the next conv's input, so aligning the outputs alig
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 
-from rlx_format.numba_setup import numba
-
 LINE = 64  # bytes
-_SLACK = LINE // 4  # float32 elements of room to slide the start onto a line
+SLACK = LINE // 4  # float32 elements of room to slide the start onto a line
 
 
-@numba.njit(cache=True, nogil=True)
-def _flat(count):  # pragma: no cover - compiled
-    """A fresh float32 array of `count` elements whose data starts on a LINE-byte boundary (numba's own arrays
-    are 32-byte aligned: the start moves by 0 or 8 elements)."""
-    buf = np.empty(count + _SLACK, np.float32)
-    skip = ((LINE - buf.ctypes.data % LINE) % LINE) // 4
-    return buf[skip:skip + count]
+@functools.cache
+def _flat():
+    """aligned_kernels.flat, imported on first use: this module is numpy's alone until then (compile aligns the
+    weights it copies without loading numba)."""
+    from .aligned_kernels import flat
+    return flat
 
 
 def zeros(shape: tuple[int, ...]) -> np.ndarray:
-    """np.zeros(shape, np.float32) starting on a cache line (numpy only: no numba needed; for the weights packed
-    once per compile, where the extra line of memory is nothing)."""
+    """np.zeros(shape, np.float32) starting on a cache line (numpy alone; for weights packed or copied once per
+    compile, where the extra line of memory is nothing)."""
     count = math.prod(shape)
-    buf = np.zeros(count + _SLACK, np.float32)
+    buf = np.zeros(count + SLACK, np.float32)
     skip = (-buf.ctypes.data % LINE) // 4  # numpy's arrays start on 4-byte multiples at the least
     return buf[skip:skip + count].reshape(shape)
 
@@ -49,6 +47,6 @@ def empty(shape: tuple[int, ...], run: int | None = None) -> np.ndarray:
     writers go along: a GEMM's rows, a conv's planes; default the last axis) is a whole number of lines, so that
     every run starts on one. Other shapes gain little (a 14x14 plane's runs start on a line one time in four) and
     take numpy's array (the aligned one costs ~2 us more to make)."""
-    if (shape[-1] if run is None else run) % _SLACK:
+    if (shape[-1] if run is None else run) % SLACK:
         return np.empty(shape, np.float32)
-    return _flat(math.prod(shape)).reshape(shape)
+    return _flat()(math.prod(shape), LINE, SLACK).reshape(shape)

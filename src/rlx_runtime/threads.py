@@ -697,15 +697,11 @@ def _gemv_in_halves(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None) -> 
     On one thread both halves run in one compiled call (numba loaded), else as two numpy calls."""
     k, n = b.shape[0] // 2, b.shape[1]
     out, part = np.empty((1, n), np.float32), np.empty((1, n), np.float32)
-    halves = ((slice(0, k), out), (slice(k, None), part))
     threads = threads_in_use()
     if threads > 1 and not blas_threads_instead(threads):
-        cols = chunk_edges(n, threads // 2)
+        cols = _gemv_half_columns(n, threads)
         with Steps(2 * (len(cols) - 1), True) as steps:
-            for rows, dst in halves:
-                for e0, e1 in zip(cols, cols[1:]):
-                    steps.gemv(a[:, rows], b[rows, e0:e1], dst[0, e0:e1])
-                    steps.end_chunk()
+            _write_gemv_halves(steps, a, b, out, part, cols)
             steps.run()
         np.add(out, part, out=out)
     elif threads == 1 and _kernels() is not None:
@@ -713,12 +709,64 @@ def _gemv_in_halves(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None) -> 
                                part[0])
     else:
         with blas_threads(threads) if threads > 1 else contextlib.nullcontext():
-            for rows, dst in halves:
+            for rows, dst in ((slice(0, k), out), (slice(k, None), part)):
                 np.matmul(a[:, rows], b[rows], out=dst)
         np.add(out, part, out=out)
     if epilogue is not None:
         epilogue(out[None], 0, 1, 0, 1, 0, n)
     return out
+
+
+def _gemv_half_columns(n: int, threads: int) -> list[int]:
+    """The column edges of each half's chunks in _gemv_in_halves's split job on `threads` threads."""
+    return chunk_edges(n, threads // 2)
+
+
+def _write_gemv_halves(steps: Steps, a: np.ndarray, b: np.ndarray, out: np.ndarray, part: np.ndarray,
+                       cols: list[int]) -> None:
+    """_gemv_in_halves's split job as steps: b's first half of rows into out, its second into part, a chunk per
+    block of columns between `cols`' edges."""
+    k = b.shape[0] // 2
+    for rows, dst in ((slice(0, k), out), (slice(k, None), part)):
+        for e0, e1 in zip(cols, cols[1:]):
+            steps.gemv(a[:, rows], b[rows, e0:e1], dst[0, e0:e1])
+            steps.end_chunk()
+
+
+class PreparedGemv:
+    """_gemv_in_halves by one weight matrix b (a bound MatMul step's), its split job written once per thread count
+    as a Prepared job (per call ~5-8 us of Python less: a GPT-2 decoding step has 48 such GEMVs). The same calls
+    on the same blocks, so the same bits; one thread, or a job that cannot run now, takes _gemv_in_halves."""
+
+    def __init__(self, b: np.ndarray):
+        self.b = b
+        self.jobs: dict[int, Prepared] = {}
+
+    def __call__(self, a: np.ndarray, epilogue: Epilogue | None = None) -> np.ndarray:
+        threads, (k, n) = threads_in_use(), self.b.shape
+        if threads < 2 or blas_threads_instead(threads) or not a.flags.c_contiguous:
+            return _gemv_in_halves(a, self.b, epilogue)
+        job = self.jobs.get(threads)
+        if job is None:
+            cols = _gemv_half_columns(n, threads)
+            job = self.jobs[threads] = Prepared(
+                2 * (len(cols) - 1), lambda steps, t: _write_gemv_halves(steps, t[0], self.b, t[1], t[2], cols),
+                ((1, k), (1, n), (1, n)))
+        out, part = np.empty((1, n), np.float32), np.empty((1, n), np.float32)
+        if not job.run(a, out, part):
+            return _gemv_in_halves(a, self.b, epilogue)
+        np.add(out, part, out=out)
+        if epilogue is not None:
+            epilogue(out[None], 0, 1, 0, 1, 0, n)
+        return out
+
+
+def gemv_in_halves_applies(a_shape: tuple, a_dtype, b: np.ndarray) -> bool:
+    """Whether _matmul_2d takes _gemv_in_halves for a 2-D a of a_shape times b."""
+    m, kk = a_shape
+    return (m == 1 and a_dtype == b.dtype == np.float32 and kk * b.shape[1] >= _MIN_GEMV_SPLIT
+            and _rows_contiguous(b) and kk >= 2 * _MIN_CHUNK and float_gemm(b.dtype) is not None
+            and b.dtype in _blas_controllers()[0].gemv)
 
 
 def stream_rows(put: str, rows: int, work: int, arrays: tuple, width: int, run: Callable[[int, int], None]) -> None:
@@ -763,9 +811,7 @@ def _matmul_2d(a: np.ndarray, b: np.ndarray, epilogue: Epilogue | None) -> np.nd
     work = m * n * a.shape[1]
     if m == 1 and a.strides[1] <= 0:  # a broadcast or reversed row: a GEMV's x needs a positive increment
         a = np.ascontiguousarray(a)
-    if (m == 1 and a.dtype == b.dtype == np.float32 and work >= _MIN_GEMV_SPLIT and _rows_contiguous(b)
-            and a.shape[1] >= 2 * _MIN_CHUNK and float_gemm(a.dtype) is not None
-            and a.dtype in _blas_controllers()[0].gemv):
+    if gemv_in_halves_applies(a.shape, a.dtype, b):
         return _gemv_in_halves(a, b, epilogue)
     threads = threads_for(work) if m > 1 else threads_in_use() if work >= _MIN_GEMV_SPLIT else 1
     if threads <= 1 or float_gemm(a.dtype) is None or a.shape[1] == 0:

@@ -30,6 +30,25 @@ def _matmul_cpu(xp, a, x, y):
     return threads.matmul(x, y)
 
 
+@binder("MatMul", backend="cpu")
+def _bind_matmul(a, x, w):
+    """A decoding step's GEMV (one row of float32 times a weight matrix that _gemv_in_halves takes) bound to its
+    weights, once numba is loaded: its split job written once (threads.PreparedGemv). Other calls go to the
+    kernel."""
+    if not (_numba_loaded() and isinstance(x, np.ndarray) and isinstance(w, np.ndarray) and 2 <= x.ndim <= 3
+            and w.ndim == 2 and math.prod(x.shape[:-1]) == 1
+            and threads.gemv_in_halves_applies((1, x.shape[-1]), x.dtype, w)):
+        return None
+    shape, w0, gemv = x.shape, w, threads.PreparedGemv(w)
+    out_shape = shape[:-1] + (w.shape[1],)
+
+    def step(xp, attrs, x, w):
+        if x.shape != shape or x.dtype != np.float32 or w is not w0:
+            return _matmul_cpu(xp, attrs, x, w)
+        return gemv(x.reshape(1, -1)).reshape(out_shape)
+    return step
+
+
 @kernel("FusedMatMul")
 def _fused_matmul(xp, a, x, w, b, residual=None):
     """MatMul, then the bias's Add, then the residual's Add: each op's own kernel on this backend, so the values are
