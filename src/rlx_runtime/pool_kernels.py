@@ -33,8 +33,9 @@ from .atomics import swap as _swap
 from .conv_kernels import (bias_act_block, bias_act_rows, direct_rows, dw_blocks, fill_phases, row_means, scale_rows,
                            tap_planes)
 from .linear import add_columns
-from .pool_layout import (FINISHED, KIND, KIND_NATIVE, NEXT, ROW_BIAS_ACT, ROW_BLOCKED, ROW_COLUMNS, ROW_DIRECT,
-                          ROW_FILL, ROW_GEMM, ROW_GEMV, ROW_MEANS, ROW_SCALE, ROW_SKINNY, ROW_TAPS, WORKED, YIELD)
+from .pool_layout import (FINISHED, FLOAT_COLUMNS, INT_COLUMNS, KIND, KIND_NATIVE, NEXT, ROW_BIAS_ACT, ROW_BLOCKED,
+                          ROW_COLUMNS, ROW_DIRECT, ROW_FILL, ROW_GEMM, ROW_GEMV, ROW_MEANS, ROW_SCALE, ROW_SKINNY,
+                          ROW_TAPS, WORKED, YIELD)
 from .simd import FEW_ROWS_UNIT, SKINNY_ROWS, skinny_f32
 
 _I32, _I64, _F32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
@@ -94,100 +95,11 @@ def _i64_at(typingctx, address):
     return types.CPointer(types.int64)(types.int64), codegen
 
 
-@numba.njit(cache=True, nogil=True)
-def _run_row(ti, tf, r):  # pragma: no cover - compiled
-    kind = ti[r, 0]
-    if kind == ROW_GEMM:
-        args = (ti[r, 3], ti[r, 4], ti[r, 5], ti[r, 6], ti[r, 7], ti[r, 8], tf[r, 0], ti[r, 9], ti[r, 10], ti[r, 11],
-                ti[r, 12], tf[r, 1], ti[r, 13], ti[r, 14])
-        if ti[r, 2]:
-            _sgemm64(ti[r, 1], args)
-        else:
-            _sgemm32(ti[r, 1], args)
-    elif kind == ROW_GEMV:
-        args2 = (ti[r, 3], ti[r, 4], ti[r, 5], ti[r, 6], tf[r, 0], ti[r, 7], ti[r, 8], ti[r, 9], ti[r, 10], tf[r, 1],
-                 ti[r, 11], ti[r, 12])
-        if ti[r, 2]:
-            _sgemv64(ti[r, 1], args2)
-        else:
-            _sgemv32(ti[r, 1], args2)
-    elif kind == ROW_BIAS_ACT:
-        y = numba.carray(_f32_at(ti[r, 1]), (ti[r, 2], ti[r, 3], ti[r, 4]))
-        bias = numba.carray(_f32_at(ti[r, 12]), (ti[r, 13],))
-        res = numba.carray(_f32_at(ti[r, 18]), (ti[r, 19],))
-        bias_act_block(y, ti[r, 5], ti[r, 6], ti[r, 7], ti[r, 8], ti[r, 9], ti[r, 10], ti[r, 11], bias,
-                       ti[r, 14] != 0, ti[r, 15], np.float32(tf[r, 0]), np.float32(tf[r, 1]), ti[r, 16] != 0,
-                       np.float32(tf[r, 2]), ti[r, 17] != 0, np.float32(tf[r, 3]), res, ti[r, 20] != 0)
-    elif kind == ROW_SCALE:
-        width, r0, r1 = ti[r, 4], ti[r, 5], ti[r, 6]
-        big = numba.carray(_f32_at(ti[r, 1] + 4 * r0 * width), ((r1 - r0) * width,))
-        small = numba.carray(_f32_at(ti[r, 2] + 4 * r0), (r1 - r0,))
-        out = numba.carray(_f32_at(ti[r, 3] + 4 * r0 * width), ((r1 - r0) * width,))
-        scale_rows(big, small, out, width)
-    elif kind == ROW_MEANS:
-        width, r0, r1 = ti[r, 3], ti[r, 4], ti[r, 5]
-        x = numba.carray(_f32_at(ti[r, 1] + 4 * r0 * width), ((r1 - r0) * width,))
-        out = numba.carray(_f32_at(ti[r, 2] + 4 * r0), (r1 - r0,))
-        row_means(x, out, width)
-    elif kind == ROW_COLUMNS:
-        nb, m, n = ti[r, 2], ti[r, 3], ti[r, 4]
-        y = numba.carray(_f32_at(ti[r, 1]), (nb * m * n,))
-        bias = numba.carray(_f32_at(ti[r, 11]), (ti[r, 12],))
-        res = numba.carray(_f32_at(ti[r, 13]), (ti[r, 14],))
-        add_columns(y, m, n, ti[r, 5], ti[r, 6], ti[r, 7], ti[r, 8], ti[r, 9], ti[r, 10], bias, res, ti[r, 15] != 0)
-    elif kind == ROW_TAPS:
-        o, nb = ti[r, 15], ti[r, 16]
-        phases = numba.carray(_f32_at(ti[r, 1]), (ti[r, 2],))
-        taps = numba.carray(_f32_at(ti[r, 3]), (o, ti[r, 4]))
-        offsets = numba.carray(_i64_at(ti[r, 5]), (ti[r, 4],))
-        y = numba.carray(_f32_at(ti[r, 6]), (nb, o, ti[r, 7], ti[r, 8]))
-        grid = numba.carray(_f32_at(ti[r, 12]), (ti[r, 14],))
-        x = numba.carray(_f32_at(ti[r, 17]), (nb, ti[r, 18], ti[r, 19], ti[r, 20]))
-        bias = numba.carray(_f32_at(ti[r, 26]), (ti[r, 27],))
-        res = numba.carray(_f32_at(ti[r, 32]), (ti[r, 33],))
-        tap_planes(x, phases, taps, offsets, y, ti[r, 9], ti[r, 10], ti[r, 11], grid, ti[r, 13], ti[r, 21], ti[r, 22],
-                   ti[r, 23], ti[r, 24], ti[r, 25], bias, ti[r, 28] != 0, ti[r, 29], np.float32(tf[r, 0]),
-                   np.float32(tf[r, 1]), ti[r, 30] != 0, np.float32(tf[r, 2]), ti[r, 31] != 0, np.float32(tf[r, 3]),
-                   res, ti[r, 34] != 0)
-    elif kind == ROW_BLOCKED:
-        nb, c, oh, ow = ti[r, 2], ti[r, 3], ti[r, 14], ti[r, 15]
-        x = numba.carray(_f32_at(ti[r, 1]), (nb, c, ti[r, 4], ti[r, 5]))
-        taps = numba.carray(_f32_at(ti[r, 6]), (ti[r, 7], ti[r, 8]))
-        offsets = numba.carray(_i64_at(ti[r, 9]), (ti[r, 10],))
-        where = numba.carray(_i64_at(ti[r, 11]), (ti[r, 12],))
-        y = numba.carray(_f32_at(ti[r, 13]), (nb, c, oh, ow))
-        buf = numba.carray(_f32_at(ti[r, 21]), (ti[r, 22],))
-        out_rows = numba.carray(_f32_at(ti[r, 23]), (ti[r, 24],))
-        bias = numba.carray(_f32_at(ti[r, 31]), (ti[r, 32],))
-        res = numba.carray(_f32_at(ti[r, 37]), (ti[r, 38],))
-        dw_blocks(x, taps, offsets, where, y, ti[r, 16], ti[r, 17], ti[r, 18], ti[r, 19], ti[r, 20], buf, out_rows,
-                  ti[r, 25], ti[r, 26], ti[r, 27], ti[r, 28], ti[r, 29], ti[r, 30], bias, ti[r, 33] != 0, ti[r, 34],
-                  np.float32(tf[r, 0]), np.float32(tf[r, 1]), ti[r, 35] != 0, np.float32(tf[r, 2]), ti[r, 36] != 0,
-                  np.float32(tf[r, 3]), res, ti[r, 39] != 0)
-    elif kind == ROW_DIRECT:
-        phases = numba.carray(_f32_at(ti[r, 1]), (ti[r, 2], ti[r, 3]))
-        w = numba.carray(_f32_at(ti[r, 4]), (ti[r, 5], ti[r, 6]))
-        offsets = numba.carray(_i64_at(ti[r, 7]), (ti[r, 27],))
-        y = numba.carray(_f32_at(ti[r, 8]), (ti[r, 2], ti[r, 28], ti[r, 9], ti[r, 10]))
-        bias = numba.carray(_f32_at(ti[r, 16]), (ti[r, 17],))
-        res = numba.carray(_f32_at(ti[r, 22]), (ti[r, 23],))
-        direct_rows(phases, w, offsets, y, ti[r, 11], ti[r, 12], ti[r, 13], ti[r, 25], ti[r, 26], ti[r, 14], ti[r, 15],
-                    bias, ti[r, 18] != 0, ti[r, 19], np.float32(tf[r, 0]), np.float32(tf[r, 1]), ti[r, 20] != 0,
-                    np.float32(tf[r, 2]), ti[r, 21] != 0, np.float32(tf[r, 3]), res, ti[r, 24] != 0)
-    elif kind == ROW_FILL:
-        x = numba.carray(_f32_at(ti[r, 1]), (ti[r, 2], ti[r, 3], ti[r, 4], ti[r, 5]))
-        phases = numba.carray(_f32_at(ti[r, 6]), (ti[r, 2], ti[r, 3], ti[r, 7]))
-        fill_phases(x, phases, ti[r, 8], ti[r, 9], ti[r, 10], ti[r, 11], ti[r, 12], ti[r, 13], ti[r, 14], ti[r, 15])
-    elif kind == ROW_SKINNY:
-        rows, k, n = ti[r, 4], ti[r, 5], ti[r, 6]
-        out = numba.carray(_f32_at(ti[r, 1]), (rows * n,))
-        x = numba.carray(_f32_at(ti[r, 2]), (rows * k,))
-        wt = numba.carray(_f32_at(ti[r, 3]), (k * n,))
-        bias = numba.carray(_f32_at(ti[r, 11]), (ti[r, 12],))
-        res = numba.carray(_f32_at(ti[r, 17]), (ti[r, 18],))
-        skinny_rows(out, x, wt, rows, k, n, ti[r, 7], ti[r, 8], ti[r, 9], ti[r, 10], bias, ti[r, 13] != 0,
-                    ti[r, 14], np.float32(tf[r, 0]), np.float32(tf[r, 1]), ti[r, 15] != 0, np.float32(tf[r, 2]),
-                    ti[r, 16] != 0, np.float32(tf[r, 3]), res, ti[r, 19] != 0)
+@intrinsic
+def _f64_at(typingctx, address):
+    def codegen(context, builder, sig, args):
+        return builder.inttoptr(args[0], ir.DoubleType().as_pointer())
+    return types.CPointer(types.float64)(types.int64), codegen
 
 
 @numba.njit(cache=True, nogil=True)
@@ -237,34 +149,204 @@ def put_skinny(ti, tf, r, out, x, wt, c0, c1, r0, r1, bias, has_bias, act, has_l
     tf[r, 0], tf[r, 1], tf[r, 2], tf[r, 3] = alpha, beta, lo, hi
 
 
+# (ints' address, floats' address, rows, row): a native step of one kind (threads.Steps), a C callback of its own.
+# _run_row calls the steps other than BLAS calls through these addresses (ROW_FNS): numba links a callee's code
+# into each caller and optimizes it again there, so with the kernels called directly every level above them
+# (_run_row, run_rows, _take_chunks, the entry points) compiled them again (MobileNetV3-small's first run on an
+# empty cache spent ~75 of its ~100 s there), and each of the three entry points carried a copy of them all.
+_ROW_STEP = types.void(types.int64, types.int64, types.int64, types.int64)
+
+
+@numba.njit(inline="always")
+def _rows_at(ti_at, tf_at, rows):  # pragma: no cover - compiled
+    return (numba.carray(_i64_at(ti_at), (rows, INT_COLUMNS)), numba.carray(_f64_at(tf_at), (rows, FLOAT_COLUMNS)))
+
+
+@numba.cfunc(_ROW_STEP, cache=True)
+def _step_bias_act(ti_at, tf_at, rows, r):  # pragma: no cover - compiled
+    ti, tf = _rows_at(ti_at, tf_at, rows)
+    y = numba.carray(_f32_at(ti[r, 1]), (ti[r, 2], ti[r, 3], ti[r, 4]))
+    bias = numba.carray(_f32_at(ti[r, 12]), (ti[r, 13],))
+    res = numba.carray(_f32_at(ti[r, 18]), (ti[r, 19],))
+    bias_act_block(y, ti[r, 5], ti[r, 6], ti[r, 7], ti[r, 8], ti[r, 9], ti[r, 10], ti[r, 11], bias,
+                   ti[r, 14] != 0, ti[r, 15], np.float32(tf[r, 0]), np.float32(tf[r, 1]), ti[r, 16] != 0,
+                   np.float32(tf[r, 2]), ti[r, 17] != 0, np.float32(tf[r, 3]), res, ti[r, 20] != 0)
+
+
+@numba.cfunc(_ROW_STEP, cache=True)
+def _step_scale(ti_at, tf_at, rows, r):  # pragma: no cover - compiled
+    ti, tf = _rows_at(ti_at, tf_at, rows)
+    width, r0, r1 = ti[r, 4], ti[r, 5], ti[r, 6]
+    big = numba.carray(_f32_at(ti[r, 1] + 4 * r0 * width), ((r1 - r0) * width,))
+    small = numba.carray(_f32_at(ti[r, 2] + 4 * r0), (r1 - r0,))
+    out = numba.carray(_f32_at(ti[r, 3] + 4 * r0 * width), ((r1 - r0) * width,))
+    scale_rows(big, small, out, width)
+
+
+@numba.cfunc(_ROW_STEP, cache=True)
+def _step_means(ti_at, tf_at, rows, r):  # pragma: no cover - compiled
+    ti, tf = _rows_at(ti_at, tf_at, rows)
+    width, r0, r1 = ti[r, 3], ti[r, 4], ti[r, 5]
+    x = numba.carray(_f32_at(ti[r, 1] + 4 * r0 * width), ((r1 - r0) * width,))
+    out = numba.carray(_f32_at(ti[r, 2] + 4 * r0), (r1 - r0,))
+    row_means(x, out, width)
+
+
+@numba.cfunc(_ROW_STEP, cache=True)
+def _step_columns(ti_at, tf_at, rows, r):  # pragma: no cover - compiled
+    ti, tf = _rows_at(ti_at, tf_at, rows)
+    nb, m, n = ti[r, 2], ti[r, 3], ti[r, 4]
+    y = numba.carray(_f32_at(ti[r, 1]), (nb * m * n,))
+    bias = numba.carray(_f32_at(ti[r, 11]), (ti[r, 12],))
+    res = numba.carray(_f32_at(ti[r, 13]), (ti[r, 14],))
+    add_columns(y, m, n, ti[r, 5], ti[r, 6], ti[r, 7], ti[r, 8], ti[r, 9], ti[r, 10], bias, res, ti[r, 15] != 0)
+
+
+@numba.cfunc(_ROW_STEP, cache=True)
+def _step_taps(ti_at, tf_at, rows, r):  # pragma: no cover - compiled
+    ti, tf = _rows_at(ti_at, tf_at, rows)
+    o, nb = ti[r, 15], ti[r, 16]
+    phases = numba.carray(_f32_at(ti[r, 1]), (ti[r, 2],))
+    taps = numba.carray(_f32_at(ti[r, 3]), (o, ti[r, 4]))
+    offsets = numba.carray(_i64_at(ti[r, 5]), (ti[r, 4],))
+    y = numba.carray(_f32_at(ti[r, 6]), (nb, o, ti[r, 7], ti[r, 8]))
+    grid = numba.carray(_f32_at(ti[r, 12]), (ti[r, 14],))
+    x = numba.carray(_f32_at(ti[r, 17]), (nb, ti[r, 18], ti[r, 19], ti[r, 20]))
+    bias = numba.carray(_f32_at(ti[r, 26]), (ti[r, 27],))
+    res = numba.carray(_f32_at(ti[r, 32]), (ti[r, 33],))
+    tap_planes(x, phases, taps, offsets, y, ti[r, 9], ti[r, 10], ti[r, 11], grid, ti[r, 13], ti[r, 21], ti[r, 22],
+               ti[r, 23], ti[r, 24], ti[r, 25], bias, ti[r, 28] != 0, ti[r, 29], np.float32(tf[r, 0]),
+               np.float32(tf[r, 1]), ti[r, 30] != 0, np.float32(tf[r, 2]), ti[r, 31] != 0, np.float32(tf[r, 3]),
+               res, ti[r, 34] != 0)
+
+
+@numba.cfunc(_ROW_STEP, cache=True)
+def _step_blocked(ti_at, tf_at, rows, r):  # pragma: no cover - compiled
+    ti, tf = _rows_at(ti_at, tf_at, rows)
+    nb, c, oh, ow = ti[r, 2], ti[r, 3], ti[r, 14], ti[r, 15]
+    x = numba.carray(_f32_at(ti[r, 1]), (nb, c, ti[r, 4], ti[r, 5]))
+    taps = numba.carray(_f32_at(ti[r, 6]), (ti[r, 7], ti[r, 8]))
+    offsets = numba.carray(_i64_at(ti[r, 9]), (ti[r, 10],))
+    where = numba.carray(_i64_at(ti[r, 11]), (ti[r, 12],))
+    y = numba.carray(_f32_at(ti[r, 13]), (nb, c, oh, ow))
+    buf = numba.carray(_f32_at(ti[r, 21]), (ti[r, 22],))
+    out_rows = numba.carray(_f32_at(ti[r, 23]), (ti[r, 24],))
+    bias = numba.carray(_f32_at(ti[r, 31]), (ti[r, 32],))
+    res = numba.carray(_f32_at(ti[r, 37]), (ti[r, 38],))
+    dw_blocks(x, taps, offsets, where, y, ti[r, 16], ti[r, 17], ti[r, 18], ti[r, 19], ti[r, 20], buf, out_rows,
+              ti[r, 25], ti[r, 26], ti[r, 27], ti[r, 28], ti[r, 29], ti[r, 30], bias, ti[r, 33] != 0, ti[r, 34],
+              np.float32(tf[r, 0]), np.float32(tf[r, 1]), ti[r, 35] != 0, np.float32(tf[r, 2]), ti[r, 36] != 0,
+              np.float32(tf[r, 3]), res, ti[r, 39] != 0)
+
+
+@numba.cfunc(_ROW_STEP, cache=True)
+def _step_direct(ti_at, tf_at, rows, r):  # pragma: no cover - compiled
+    ti, tf = _rows_at(ti_at, tf_at, rows)
+    phases = numba.carray(_f32_at(ti[r, 1]), (ti[r, 2], ti[r, 3]))
+    w = numba.carray(_f32_at(ti[r, 4]), (ti[r, 5], ti[r, 6]))
+    offsets = numba.carray(_i64_at(ti[r, 7]), (ti[r, 27],))
+    y = numba.carray(_f32_at(ti[r, 8]), (ti[r, 2], ti[r, 28], ti[r, 9], ti[r, 10]))
+    bias = numba.carray(_f32_at(ti[r, 16]), (ti[r, 17],))
+    res = numba.carray(_f32_at(ti[r, 22]), (ti[r, 23],))
+    direct_rows(phases, w, offsets, y, ti[r, 11], ti[r, 12], ti[r, 13], ti[r, 25], ti[r, 26], ti[r, 14], ti[r, 15],
+                bias, ti[r, 18] != 0, ti[r, 19], np.float32(tf[r, 0]), np.float32(tf[r, 1]), ti[r, 20] != 0,
+                np.float32(tf[r, 2]), ti[r, 21] != 0, np.float32(tf[r, 3]), res, ti[r, 24] != 0)
+
+
+@numba.cfunc(_ROW_STEP, cache=True)
+def _step_fill(ti_at, tf_at, rows, r):  # pragma: no cover - compiled
+    ti, tf = _rows_at(ti_at, tf_at, rows)
+    x = numba.carray(_f32_at(ti[r, 1]), (ti[r, 2], ti[r, 3], ti[r, 4], ti[r, 5]))
+    phases = numba.carray(_f32_at(ti[r, 6]), (ti[r, 2], ti[r, 3], ti[r, 7]))
+    fill_phases(x, phases, ti[r, 8], ti[r, 9], ti[r, 10], ti[r, 11], ti[r, 12], ti[r, 13], ti[r, 14], ti[r, 15])
+
+
+@numba.cfunc(_ROW_STEP, cache=True)
+def _step_skinny(ti_at, tf_at, rows, r):  # pragma: no cover - compiled
+    ti, tf = _rows_at(ti_at, tf_at, rows)
+    rows, k, n = ti[r, 4], ti[r, 5], ti[r, 6]
+    out = numba.carray(_f32_at(ti[r, 1]), (rows * n,))
+    x = numba.carray(_f32_at(ti[r, 2]), (rows * k,))
+    wt = numba.carray(_f32_at(ti[r, 3]), (k * n,))
+    bias = numba.carray(_f32_at(ti[r, 11]), (ti[r, 12],))
+    res = numba.carray(_f32_at(ti[r, 17]), (ti[r, 18],))
+    skinny_rows(out, x, wt, rows, k, n, ti[r, 7], ti[r, 8], ti[r, 9], ti[r, 10], bias, ti[r, 13] != 0,
+                ti[r, 14], np.float32(tf[r, 0]), np.float32(tf[r, 1]), ti[r, 15] != 0, np.float32(tf[r, 2]),
+                ti[r, 16] != 0, np.float32(tf[r, 3]), res, ti[r, 19] != 0)
+
+
+ROW_FNS = np.zeros(16, np.int64)  # kind -> its step's address (GEMM and GEMV rows call BLAS themselves)
+ROW_FNS[ROW_BIAS_ACT] = _step_bias_act.address
+ROW_FNS[ROW_SCALE] = _step_scale.address
+ROW_FNS[ROW_MEANS] = _step_means.address
+ROW_FNS[ROW_COLUMNS] = _step_columns.address
+ROW_FNS[ROW_TAPS] = _step_taps.address
+ROW_FNS[ROW_BLOCKED] = _step_blocked.address
+ROW_FNS[ROW_DIRECT] = _step_direct.address
+ROW_FNS[ROW_FILL] = _step_fill.address
+ROW_FNS[ROW_SKINNY] = _step_skinny.address
+_call_step = _c_caller("llll")
+
+
 @numba.njit(cache=True, nogil=True)
-def run_rows(ti, tf, r0, r1):  # pragma: no cover - compiled
-    """Rows r0 .. r1 - 1 in order, on the calling thread."""
+def _run_row(ti, tf, r, fns):  # pragma: no cover - compiled
+    kind = ti[r, 0]
+    if kind == ROW_GEMM:
+        args = (ti[r, 3], ti[r, 4], ti[r, 5], ti[r, 6], ti[r, 7], ti[r, 8], tf[r, 0], ti[r, 9], ti[r, 10], ti[r, 11],
+                ti[r, 12], tf[r, 1], ti[r, 13], ti[r, 14])
+        if ti[r, 2]:
+            _sgemm64(ti[r, 1], args)
+        else:
+            _sgemm32(ti[r, 1], args)
+    elif kind == ROW_GEMV:
+        args2 = (ti[r, 3], ti[r, 4], ti[r, 5], ti[r, 6], tf[r, 0], ti[r, 7], ti[r, 8], ti[r, 9], ti[r, 10], tf[r, 1],
+                 ti[r, 11], ti[r, 12])
+        if ti[r, 2]:
+            _sgemv64(ti[r, 1], args2)
+        else:
+            _sgemv32(ti[r, 1], args2)
+    else:
+        _call_step(fns[kind], (np.int64(ti.ctypes.data), np.int64(tf.ctypes.data), ti.shape[0], r))
+
+
+@numba.njit(cache=True, nogil=True)
+def _run_rows(ti, tf, r0, r1, fns):  # pragma: no cover - compiled
     for r in range(r0, r1):
-        _run_row(ti, tf, r)
+        _run_row(ti, tf, r, fns)
+
+
+def run_rows(ti, tf, r0: int, r1: int) -> None:
+    """Rows r0 .. r1 - 1 in order, on the calling thread."""
+    _run_rows(ti, tf, r0, r1, ROW_FNS)
 
 
 @numba.njit(cache=True, nogil=True)
 def relocate(ti, tf, pti, ptf, relocs, a0, a1, a2):  # pragma: no cover - compiled
     """A prepared job's rows (pti, ptf) copied to the first rows of ti, tf, each relocation (row, column, array,
     offset) there set to that array's address (a0, a1 or a2: this call's) plus the offset (threads.Prepared)."""
-    rows = pti.shape[0]
-    ti[:rows] = pti
-    tf[:rows] = ptf
+    for r in range(pti.shape[0]):  # by element: a slice assignment compiled numba's shape-error formatting (~6 s)
+        for c in range(pti.shape[1]):
+            ti[r, c] = pti[r, c]
+        for c in range(ptf.shape[1]):
+            tf[r, c] = ptf[r, c]
     bases = (a0.ctypes.data, a1.ctypes.data, a2.ctypes.data)
     for i in range(relocs.shape[0]):
         ti[relocs[i, 0], relocs[i, 1]] = bases[relocs[i, 2]] + relocs[i, 3]
 
 
 @numba.njit(cache=True, nogil=True)
-def run_relocated(ti, tf, pti, ptf, relocs, a0, a1, a2):  # pragma: no cover - compiled
-    """relocate, then every row in order on the calling thread."""
+def _run_relocated(ti, tf, pti, ptf, relocs, a0, a1, a2, fns):  # pragma: no cover - compiled
     relocate(ti, tf, pti, ptf, relocs, a0, a1, a2)
-    run_rows(ti, tf, 0, pti.shape[0])
+    _run_rows(ti, tf, 0, pti.shape[0], fns)
+
+
+def run_relocated(ti, tf, pti, ptf, relocs, a0, a1, a2) -> None:
+    """relocate, then every row in order on the calling thread."""
+    _run_relocated(ti, tf, pti, ptf, relocs, a0, a1, a2, ROW_FNS)
 
 
 @numba.njit(cache=True, nogil=True)
-def _take_chunks(ctrl, ti, tf, starts):  # pragma: no cover - compiled
+def _take_chunks(ctrl, ti, tf, starts, fns):  # pragma: no cover - compiled
     """Run chunks of the posted job until none is left; how many ran here. (A worker still here when the caller
     posts the next job may go on with that one's chunks: each is taken by a swap of the whole word.)"""
     ran = 0
@@ -274,17 +356,16 @@ def _take_chunks(ctrl, ti, tf, starts):  # pragma: no cover - compiled
             return ran
         if _swap(ctrl, NEXT, w, w + 1):
             i = w & MASK
-            run_rows(ti, tf, starts[i], starts[i + 1])
+            _run_rows(ti, tf, starts[i], starts[i + 1], fns)
             _add(ctrl, FINISHED, 1)
             ran += 1
 
 
 @numba.njit(cache=True, nogil=True)
-def _serve_or_run(ctrl, ti, tf, starts, seen, polls, count):  # pragma: no cover - compiled
-    """serve (count < 0) or run_and_wait (count >= 0: its result as 1 or 0, then seen): one compiled function, so
-    that the row kernels' code, which both carry, is loaded once (each took ~21 ms of a first forward)."""
+def _serve_or_run(ctrl, ti, tf, starts, seen, polls, count, fns):  # pragma: no cover - compiled
+    """serve (count < 0) or run_and_wait (count >= 0: its result as 1 or 0, then seen): one compiled function."""
     if count >= 0:  # the caller's part of the posted job: take chunks like a worker, then wait for the rest
-        _take_chunks(ctrl, ti, tf, starts)
+        _take_chunks(ctrl, ti, tf, starts, fns)
         for i in range(polls):
             if _load(ctrl, FINISHED) == count:
                 return 1, seen
@@ -303,7 +384,7 @@ def _serve_or_run(ctrl, ti, tf, starts, seen, polls, count):  # pragma: no cover
         kind = _load(ctrl, KIND)
         if kind != KIND_NATIVE:
             return kind, seen
-        ran = _take_chunks(ctrl, ti, tf, starts)
+        ran = _take_chunks(ctrl, ti, tf, starts, fns)
         if ran:
             _add(ctrl, WORKED, ran)
         idle = 0
@@ -314,7 +395,7 @@ def serve(ctrl, ti, tf, starts, seen: int, polls: int) -> tuple[int, int]:
     """A worker's loop: run each new native job's chunks; return (KIND_PYTHON or KIND_CLOSED, its generation)
     for a job only Python can run or a closed pool, (-1, last generation) after `polls` polls with no new job or
     once ctrl[YIELD] is set."""
-    return _serve_or_run(ctrl, ti, tf, starts, seen, polls, -1)
+    return _serve_or_run(ctrl, ti, tf, starts, seen, polls, -1, ROW_FNS)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -329,7 +410,7 @@ def post(ctrl, gen, count, kind):  # pragma: no cover - compiled
 def run_and_wait(ctrl, ti, tf, starts, count: int, polls: int) -> bool:
     """The caller's part of the posted job: take chunks like a worker, then poll until all `count` have
     finished; False if `polls` polls went by first."""
-    return _serve_or_run(ctrl, ti, tf, starts, 0, polls, count)[0] == 1
+    return _serve_or_run(ctrl, ti, tf, starts, 0, polls, count, ROW_FNS)[0] == 1
 
 
 @numba.njit(cache=True, nogil=True)
