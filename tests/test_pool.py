@@ -16,8 +16,9 @@ import pytest
 from threadpoolctl import threadpool_limits
 
 from conftest import numpy_blas_threads as _blas_threads
-from rlx_runtime import conv_direct, conv_taps, threads
+from rlx_runtime import conv_direct, conv_pointwise, conv_taps, linear, threads
 from rlx_runtime.conv_kernels import bias_activation
+from rlx_runtime.kernels import elementwise, nn
 from rlx_runtime.pool_layout import WORKED
 from rlx_runtime.threads import Steps, forward_threads, matmul, run_chunks
 
@@ -37,8 +38,13 @@ def _worked() -> int:
     return int(threads._pool.ctrl[WORKED]) if threads._pool is not None else 0
 
 
+_F = {"pw_w": _f(16, 40), "pw_x": _f(2, 40, 900), "col_b": _f(300), "col_res": _f(700, 300), "scale": _f(2, 24, 1, 1)}
+
+
 def _ops():
-    """name -> a float32 computation that splits into pool jobs (matmul steps, conv epilogues, direct and tap convs)."""
+    """name -> a float32 computation that splits into pool jobs: one of each kind of native step (pool_layout's
+    ROW_ kinds: GEMM, GEMV, conv epilogue, matmul bias columns, direct rows and their phase fill, tap planes,
+    channel blocks, few-rows GEMM, row scales, row means)."""
     a, b, x1 = _f(700, 96), _f(96, 300), _f(1, 900)
     wide, w_t, a_t = _f(96, 2400), _f(2000, 900), _f(96, 700).T
     ep = bias_activation(_f(700), "HardSwish", 1 / 6, None, None, 1, 0.5)
@@ -60,6 +66,12 @@ def _ops():
         "epilogue, Clip": lambda: matmul(a[:64], wide, clip),
         "direct stem + HardSwish": lambda: conv_direct.direct2d(xs, wd, (2, 2), (1, 1), [1, 1, 1, 1], (21, 19), hs),
         "depthwise taps + Silu": lambda: conv_taps.taps2d(xdw, wdw, (1, 1), (1, 1), [2, 2, 2, 2], (19, 23), dw_ep),
+        "depthwise channel blocks + Silu": lambda: conv_taps.run_blocked(
+            conv_taps.BlockPlan(xdw.shape, wdw, (1, 1), (1, 1), [2, 2, 2, 2], (19, 23)), xdw, dw_ep),
+        "pointwise + HardSwish": lambda: conv_pointwise.pointwise(_F["pw_w"], _F["pw_x"], hs),
+        "bias columns + residual": lambda: matmul(a, b, linear.ColumnBias(_F["col_b"], _F["col_res"])),
+        "row scales": lambda: elementwise.scaled_rows(xdw, _F["scale"], 19 * 23),
+        "row means": lambda: nn._channel_means(xdw, 19 * 23),
     }
 
 
@@ -70,7 +82,7 @@ def test_native_jobs_give_the_python_jobs_bits(split_small, monkeypatch):
         native = {k: op() for k, op in ops.items()}
         assert threads._pool is not None and _worked() > 0  # the workers ran native chunks
         with monkeypatch.context() as m:
-            m.setattr(threads, "_kernels", lambda: None)  # as without numba: Python jobs
+            m.setattr(threads.Steps, "native", property(lambda self: False))  # each step a Python call
             # ...of the same chunks: not whole GEMMs on the BLAS's own threads, which split them otherwise (OpenBLAS's
             # Haswell kernels, chosen on some AMD CPUs, round elements at its chunk edges differently; that path
             # has its own tests)
