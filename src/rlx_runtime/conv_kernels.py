@@ -32,6 +32,13 @@ def bias_act_block(y, b0, b1, r0, r1, c0, c1, groups, bias, has_bias, act, alpha
                   beta, has_lo, lo, has_hi, hi, res, has_res)
 
 
+# bias_act_rows's constant arguments as numpy scalars: numba compiles a callee once per pattern of literal constants
+# it is called with (0, 1, 8, True), and the five patterns of its callers cost ~4 s each of a first run on an empty
+# kernel cache; typed as plain int64 and bool they share one compiled version.
+ZERO, ONE, _SKINNY_ROWS = np.int64(0), np.int64(1), np.int64(SKINNY_ROWS)
+_TRUE, _FALSE = np.bool_(True), np.bool_(False)
+
+
 @numba.njit(cache=True, error_model="numpy", nogil=True)
 def bias_act_rows(flat, m, n, b0, b1, r0, r1, c0, c1, groups, bias, has_bias, act, alpha, beta, has_lo, lo, has_hi,
                   hi, res, has_res):  # pragma: no cover - compiled
@@ -42,15 +49,16 @@ def bias_act_rows(flat, m, n, b0, b1, r0, r1, c0, c1, groups, bias, has_bias, ac
     49-element rows: the loop set-up per row was most of the cost)."""
     if has_bias and not has_res:
         for bi in range(b0, b1):
+            channels = bias[(bi % groups) * m:]  # one modulo per matrix, not per row (~1.5 us of 576 rows of 49)
             for r in range(r0, r1):
-                activate(flat, (bi * m + r) * n + c0, c1 - c0, bias[(bi % groups) * m + r], act, alpha, beta,
-                         has_lo, lo, has_hi, hi)
+                activate(flat, (bi * m + r) * n + c0, c1 - c0, channels[r], act, alpha, beta, has_lo, lo, has_hi, hi)
         return
     if has_res:
         for bi in range(b0, b1):
+            channels = bias[(bi % groups) * m:] if has_bias else bias
             for r in range(r0, r1):
                 at = (bi * m + r) * n
-                bv = bias[(bi % groups) * m + r] if has_bias else np.float32(-0.0)  # x + -0.0 is x
+                bv = channels[r] if has_bias else np.float32(-0.0)  # x + -0.0 is x
                 row = flat[at + c0:at + c1]
                 added = res[at + c0:at + c1]
                 for i in range(c1 - c0):  # (y + b) + r, each sum rounded: Conv's, then the residual Add's
@@ -223,8 +231,8 @@ def tap_planes(x, phases, taps, offsets, y, n, c0, c1, grid, wq, sh, sw, top, le
             for r in range(oh):
                 copy_f32(out, (c * oh + r) * ow, grid, r * wq, ow, 1)
         if act >= 0 and ((c + 1 - done) * oh * ow >= EPILOGUE_RUN or c == c1 - 1):
-            bias_act_rows(out, y.shape[1], oh * ow, 0, 1, done, c + 1, 0, oh * ow, 1, bias, has_bias, act, alpha,
-                          beta, has_lo, lo, has_hi, hi, image_res, has_res)
+            bias_act_rows(out, y.shape[1], oh * ow, ZERO, ONE, done, c + 1, ZERO, oh * ow, ONE, bias, has_bias, act,
+                          alpha, beta, has_lo, lo, has_hi, hi, image_res, has_res)
             done = c + 1
 
 
@@ -275,7 +283,7 @@ def dw_blocks(x, taps, offsets, where, y, n, k0, k1, g0, g1, buf, out_rows, sh, 
                 transpose_block_f32(out, c0 * oh * ow + q, oh * ow, out_rows, (q - q0) * BLOCK, BLOCK,
                                     min(BLOCK, q1 - q), count)
             if act >= 0:
-                bias_act_rows(out, c, oh * ow, 0, 1, c0, c0 + count, q0, q1, 1, bias, has_bias, act, alpha, beta,
+                bias_act_rows(out, c, oh * ow, ZERO, ONE, c0, c0 + count, q0, q1, ONE, bias, has_bias, act, alpha, beta,
                               has_lo, lo, has_hi, hi, image_res, has_res)
 
 
@@ -329,8 +337,8 @@ def channel_rows(phases, w, offsets, y, b, r0, r1, g_lo, g_hi, wq, piece_rows, b
                                             (r * wq + p0) * CHANNEL_BLOCK + q0, CHANNEL_BLOCK, min(BLOCK, ow - p0),
                                             min(BLOCK, j1 - j0 - q0))
             if act >= 0:
-                bias_act_rows(out, y.shape[1], plane, 0, 1, j0, j1, g0 * ow, g1 * ow, 1, bias, has_bias, act, alpha,
-                              beta, has_lo, lo, has_hi, hi, image_res, has_res)
+                bias_act_rows(out, y.shape[1], plane, ZERO, ONE, j0, j1, g0 * ow, g1 * ow, ONE, bias, has_bias, act,
+                              alpha, beta, has_lo, lo, has_hi, hi, image_res, has_res)
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")
@@ -362,14 +370,15 @@ def direct_rows(phases, w, offsets, y, b, r0, r1, g_lo, g_hi, wq, piece_rows, bi
             j1 = min(r1, j0 + SKINNY_ROWS)
             gather_f32(scratch, wf[j0 * k:], src[g0 * wq:], offsets, j1 - j0, k, cols, 0, cols)
             if act >= 0 and not has_res:
-                bias_act_rows(scratch, SKINNY_ROWS, cols, 0, 1, 0, j1 - j0, 0, cols, 1, bias[j0:] if has_bias else bias,
-                              has_bias, act, alpha, beta, has_lo, lo, has_hi, hi, res, False)
+                bias_act_rows(scratch, _SKINNY_ROWS, cols, ZERO, ONE, ZERO, j1 - j0, ZERO, cols, ONE,
+                              bias[j0:] if has_bias else bias, has_bias, act, alpha, beta, has_lo, lo, has_hi, hi, res,
+                              _FALSE)
             for j in range(j1 - j0):
                 for r in range(g1 - g0):
                     copy_f32(out, ((j0 + j) * oh + g0 + r) * ow, scratch, j * cols + r * wq, ow, 1)
             if act >= 0 and has_res:
-                bias_act_rows(out, y.shape[1], oh * ow, 0, 1, j0, j1, g0 * ow, g1 * ow, 1, bias, has_bias, act, alpha,
-                              beta, has_lo, lo, has_hi, hi, image_res, True)
+                bias_act_rows(out, y.shape[1], oh * ow, ZERO, ONE, j0, j1, g0 * ow, g1 * ow, ONE, bias, has_bias, act,
+                              alpha, beta, has_lo, lo, has_hi, hi, image_res, _TRUE)
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")

@@ -15,6 +15,7 @@ next one (whose table rows are written only after every chunk of the old one has
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -30,8 +31,8 @@ from .atomics import backoff as _backoff
 from .atomics import load as _load
 from .atomics import store as _store
 from .atomics import swap as _swap
-from .conv_kernels import (bias_act_block, bias_act_rows, direct_rows, dw_blocks, fill_phases, row_means, scale_rows,
-                           tap_planes)
+from .conv_kernels import (ONE, ZERO, bias_act_block, bias_act_rows, direct_rows, dw_blocks, fill_phases, row_means,
+                           scale_rows, tap_planes)
 from .linear import add_columns
 from .pool_layout import (FINISHED, FLOAT_COLUMNS, INT_COLUMNS, KIND, KIND_NATIVE, NEXT, ROW_BIAS_ACT, ROW_BLOCKED,
                           ROW_COLUMNS, ROW_DIRECT, ROW_FILL, ROW_GEMM, ROW_GEMV, ROW_MEANS, ROW_SCALE, ROW_SKINNY,
@@ -117,8 +118,8 @@ def skinny_rows(out, x, wt, rows, k, n, c0, c1, r0, r1, bias, has_bias, act, alp
             j1 = min(r1, j0 + SKINNY_ROWS)
             skinny_f32(out[j0 * n:], x[j0 * k:], wt, j1 - j0, k, n, p0, p1)
             if act >= 0:
-                bias_act_rows(out, rows, n, 0, 1, j0, j1, p0, p1, 1, bias, has_bias, act, alpha, beta, has_lo, lo,
-                              has_hi, hi, res, has_res)
+                bias_act_rows(out, rows, n, ZERO, ONE, j0, j1, p0, p1, ONE, bias, has_bias, act, alpha, beta, has_lo,
+                              lo, has_hi, hi, res, has_res)
 
 
 # bytes of wt's (k, columns) panel that skinny_rows keeps in cache while every block of rows passes over it.
@@ -150,7 +151,7 @@ def put_skinny(ti, tf, r, out, x, wt, c0, c1, r0, r1, bias, has_bias, act, has_l
 
 
 # (ints' address, floats' address, rows, row): a native step of one kind (threads.Steps), a C callback of its own.
-# _run_row calls the steps other than BLAS calls through these addresses (ROW_FNS): numba links a callee's code
+# _run_row calls the steps other than BLAS calls through these addresses (row_fns()): numba links a callee's code
 # into each caller and optimizes it again there, so with the kernels called directly every level above them
 # (_run_row, run_rows, _take_chunks, the entry points) compiled them again (MobileNetV3-small's first run on an
 # empty cache spent ~75 of its ~100 s there), and each of the three entry points carried a copy of them all.
@@ -162,7 +163,6 @@ def _rows_at(ti_at, tf_at, rows):  # pragma: no cover - compiled
     return (numba.carray(_i64_at(ti_at), (rows, INT_COLUMNS)), numba.carray(_f64_at(tf_at), (rows, FLOAT_COLUMNS)))
 
 
-@numba.cfunc(_ROW_STEP, cache=True)
 def _step_bias_act(ti_at, tf_at, rows, r):  # pragma: no cover - compiled
     ti, tf = _rows_at(ti_at, tf_at, rows)
     y = numba.carray(_f32_at(ti[r, 1]), (ti[r, 2], ti[r, 3], ti[r, 4]))
@@ -173,7 +173,6 @@ def _step_bias_act(ti_at, tf_at, rows, r):  # pragma: no cover - compiled
                    np.float32(tf[r, 2]), ti[r, 17] != 0, np.float32(tf[r, 3]), res, ti[r, 20] != 0)
 
 
-@numba.cfunc(_ROW_STEP, cache=True)
 def _step_scale(ti_at, tf_at, rows, r):  # pragma: no cover - compiled
     ti, tf = _rows_at(ti_at, tf_at, rows)
     width, r0, r1 = ti[r, 4], ti[r, 5], ti[r, 6]
@@ -183,7 +182,6 @@ def _step_scale(ti_at, tf_at, rows, r):  # pragma: no cover - compiled
     scale_rows(big, small, out, width)
 
 
-@numba.cfunc(_ROW_STEP, cache=True)
 def _step_means(ti_at, tf_at, rows, r):  # pragma: no cover - compiled
     ti, tf = _rows_at(ti_at, tf_at, rows)
     width, r0, r1 = ti[r, 3], ti[r, 4], ti[r, 5]
@@ -192,7 +190,6 @@ def _step_means(ti_at, tf_at, rows, r):  # pragma: no cover - compiled
     row_means(x, out, width)
 
 
-@numba.cfunc(_ROW_STEP, cache=True)
 def _step_columns(ti_at, tf_at, rows, r):  # pragma: no cover - compiled
     ti, tf = _rows_at(ti_at, tf_at, rows)
     nb, m, n = ti[r, 2], ti[r, 3], ti[r, 4]
@@ -202,7 +199,6 @@ def _step_columns(ti_at, tf_at, rows, r):  # pragma: no cover - compiled
     add_columns(y, m, n, ti[r, 5], ti[r, 6], ti[r, 7], ti[r, 8], ti[r, 9], ti[r, 10], bias, res, ti[r, 15] != 0)
 
 
-@numba.cfunc(_ROW_STEP, cache=True)
 def _step_taps(ti_at, tf_at, rows, r):  # pragma: no cover - compiled
     ti, tf = _rows_at(ti_at, tf_at, rows)
     o, nb = ti[r, 15], ti[r, 16]
@@ -220,7 +216,6 @@ def _step_taps(ti_at, tf_at, rows, r):  # pragma: no cover - compiled
                res, ti[r, 34] != 0)
 
 
-@numba.cfunc(_ROW_STEP, cache=True)
 def _step_blocked(ti_at, tf_at, rows, r):  # pragma: no cover - compiled
     ti, tf = _rows_at(ti_at, tf_at, rows)
     nb, c, oh, ow = ti[r, 2], ti[r, 3], ti[r, 14], ti[r, 15]
@@ -239,7 +234,6 @@ def _step_blocked(ti_at, tf_at, rows, r):  # pragma: no cover - compiled
               np.float32(tf[r, 3]), res, ti[r, 39] != 0)
 
 
-@numba.cfunc(_ROW_STEP, cache=True)
 def _step_direct(ti_at, tf_at, rows, r):  # pragma: no cover - compiled
     ti, tf = _rows_at(ti_at, tf_at, rows)
     phases = numba.carray(_f32_at(ti[r, 1]), (ti[r, 2], ti[r, 3]))
@@ -253,7 +247,6 @@ def _step_direct(ti_at, tf_at, rows, r):  # pragma: no cover - compiled
                 np.float32(tf[r, 2]), ti[r, 21] != 0, np.float32(tf[r, 3]), res, ti[r, 24] != 0)
 
 
-@numba.cfunc(_ROW_STEP, cache=True)
 def _step_fill(ti_at, tf_at, rows, r):  # pragma: no cover - compiled
     ti, tf = _rows_at(ti_at, tf_at, rows)
     x = numba.carray(_f32_at(ti[r, 1]), (ti[r, 2], ti[r, 3], ti[r, 4], ti[r, 5]))
@@ -261,7 +254,6 @@ def _step_fill(ti_at, tf_at, rows, r):  # pragma: no cover - compiled
     fill_phases(x, phases, ti[r, 8], ti[r, 9], ti[r, 10], ti[r, 11], ti[r, 12], ti[r, 13], ti[r, 14], ti[r, 15])
 
 
-@numba.cfunc(_ROW_STEP, cache=True)
 def _step_skinny(ti_at, tf_at, rows, r):  # pragma: no cover - compiled
     ti, tf = _rows_at(ti_at, tf_at, rows)
     rows, k, n = ti[r, 4], ti[r, 5], ti[r, 6]
@@ -275,16 +267,30 @@ def _step_skinny(ti_at, tf_at, rows, r):  # pragma: no cover - compiled
                 ti[r, 16] != 0, np.float32(tf[r, 3]), res, ti[r, 19] != 0)
 
 
-ROW_FNS = np.zeros(16, np.int64)  # kind -> its step's address (GEMM and GEMV rows call BLAS themselves)
-ROW_FNS[ROW_BIAS_ACT] = _step_bias_act.address
-ROW_FNS[ROW_SCALE] = _step_scale.address
-ROW_FNS[ROW_MEANS] = _step_means.address
-ROW_FNS[ROW_COLUMNS] = _step_columns.address
-ROW_FNS[ROW_TAPS] = _step_taps.address
-ROW_FNS[ROW_BLOCKED] = _step_blocked.address
-ROW_FNS[ROW_DIRECT] = _step_direct.address
-ROW_FNS[ROW_FILL] = _step_fill.address
-ROW_FNS[ROW_SKINNY] = _step_skinny.address
+# kind -> its step, compiled as a C callback when the pool first runs a job (GEMM and GEMV rows call the BLAS)
+_STEPS = {ROW_BIAS_ACT: _step_bias_act, ROW_SCALE: _step_scale, ROW_MEANS: _step_means, ROW_COLUMNS: _step_columns,
+          ROW_TAPS: _step_taps, ROW_BLOCKED: _step_blocked, ROW_DIRECT: _step_direct, ROW_FILL: _step_fill,
+          ROW_SKINNY: _step_skinny}
+_callbacks: list = []  # the compiled callbacks: their code lives as long as they do
+_row_fns: np.ndarray | None = None
+_compiling = threading.Lock()
+
+
+def row_fns() -> np.ndarray:
+    """kind -> the address of its step's C callback (compiled, or loaded from the kernel cache, on first use: a
+    forward that never splits a job over threads does not load them)."""
+    global _row_fns
+    if _row_fns is None:
+        with _compiling:
+            if _row_fns is None:
+                fns = np.zeros(16, np.int64)
+                for kind, step in _STEPS.items():
+                    _callbacks.append(numba.cfunc(_ROW_STEP, cache=True)(step))
+                    fns[kind] = _callbacks[-1].address
+                _row_fns = fns
+    return _row_fns
+
+
 _call_step = _c_caller("llll")
 
 
@@ -317,7 +323,7 @@ def _run_rows(ti, tf, r0, r1, fns):  # pragma: no cover - compiled
 
 def run_rows(ti, tf, r0: int, r1: int) -> None:
     """Rows r0 .. r1 - 1 in order, on the calling thread."""
-    _run_rows(ti, tf, r0, r1, ROW_FNS)
+    _run_rows(ti, tf, r0, r1, row_fns())
 
 
 @numba.njit(cache=True, nogil=True)
@@ -342,7 +348,7 @@ def _run_relocated(ti, tf, pti, ptf, relocs, a0, a1, a2, fns):  # pragma: no cov
 
 def run_relocated(ti, tf, pti, ptf, relocs, a0, a1, a2) -> None:
     """relocate, then every row in order on the calling thread."""
-    _run_relocated(ti, tf, pti, ptf, relocs, a0, a1, a2, ROW_FNS)
+    _run_relocated(ti, tf, pti, ptf, relocs, a0, a1, a2, row_fns())
 
 
 @numba.njit(cache=True, nogil=True)
@@ -395,7 +401,7 @@ def serve(ctrl, ti, tf, starts, seen: int, polls: int) -> tuple[int, int]:
     """A worker's loop: run each new native job's chunks; return (KIND_PYTHON or KIND_CLOSED, its generation)
     for a job only Python can run or a closed pool, (-1, last generation) after `polls` polls with no new job or
     once ctrl[YIELD] is set."""
-    return _serve_or_run(ctrl, ti, tf, starts, seen, polls, -1, ROW_FNS)
+    return _serve_or_run(ctrl, ti, tf, starts, seen, polls, -1, row_fns())
 
 
 @numba.njit(cache=True, nogil=True)
@@ -410,7 +416,7 @@ def post(ctrl, gen, count, kind):  # pragma: no cover - compiled
 def run_and_wait(ctrl, ti, tf, starts, count: int, polls: int) -> bool:
     """The caller's part of the posted job: take chunks like a worker, then poll until all `count` have
     finished; False if `polls` polls went by first."""
-    return _serve_or_run(ctrl, ti, tf, starts, 0, polls, count, ROW_FNS)[0] == 1
+    return _serve_or_run(ctrl, ti, tf, starts, 0, polls, count, row_fns())[0] == 1
 
 
 @numba.njit(cache=True, nogil=True)
