@@ -277,8 +277,8 @@ _compiling = threading.Lock()
 
 
 def row_fns() -> np.ndarray:
-    """kind -> the address of its step's C callback (compiled, or loaded from the kernel cache, on first use: a
-    forward that never splits a job over threads does not load them)."""
+    """kind -> the address of its step's C callback, compiled or loaded from the kernel cache when the first job
+    runs (a bound conv's prepared job runs them at one thread too), not when this module is imported."""
     global _row_fns
     if _row_fns is None:
         with _compiling:
