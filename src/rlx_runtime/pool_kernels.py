@@ -256,13 +256,13 @@ def _step_fill(ti_at, tf_at, rows, r):  # pragma: no cover - compiled
 
 def _step_skinny(ti_at, tf_at, rows, r):  # pragma: no cover - compiled
     ti, tf = _rows_at(ti_at, tf_at, rows)
-    rows, k, n = ti[r, 4], ti[r, 5], ti[r, 6]
-    out = numba.carray(_f32_at(ti[r, 1]), (rows * n,))
-    x = numba.carray(_f32_at(ti[r, 2]), (rows * k,))
+    m, k, n = ti[r, 4], ti[r, 5], ti[r, 6]  # the GEMM's rows (rows: the table's)
+    out = numba.carray(_f32_at(ti[r, 1]), (m * n,))
+    x = numba.carray(_f32_at(ti[r, 2]), (m * k,))
     wt = numba.carray(_f32_at(ti[r, 3]), (k * n,))
     bias = numba.carray(_f32_at(ti[r, 11]), (ti[r, 12],))
     res = numba.carray(_f32_at(ti[r, 17]), (ti[r, 18],))
-    skinny_rows(out, x, wt, rows, k, n, ti[r, 7], ti[r, 8], ti[r, 9], ti[r, 10], bias, ti[r, 13] != 0,
+    skinny_rows(out, x, wt, m, k, n, ti[r, 7], ti[r, 8], ti[r, 9], ti[r, 10], bias, ti[r, 13] != 0,
                 ti[r, 14], np.float32(tf[r, 0]), np.float32(tf[r, 1]), ti[r, 15] != 0, np.float32(tf[r, 2]),
                 ti[r, 16] != 0, np.float32(tf[r, 3]), res, ti[r, 19] != 0)
 
@@ -369,7 +369,8 @@ def _take_chunks(ctrl, ti, tf, starts, fns):  # pragma: no cover - compiled
 
 @numba.njit(cache=True, nogil=True)
 def _serve_or_run(ctrl, ti, tf, starts, seen, polls, count, fns):  # pragma: no cover - compiled
-    """serve (count < 0) or run_and_wait (count >= 0: its result as 1 or 0, then seen): one compiled function."""
+    """serve (count < 0) or run_and_wait (count >= 0: its result as 1 or 0, then seen): one compiled function, one
+    library to load at a first forward."""
     if count >= 0:  # the caller's part of the posted job: take chunks like a worker, then wait for the rest
         _take_chunks(ctrl, ti, tf, starts, fns)
         for i in range(polls):
