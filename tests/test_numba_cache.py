@@ -107,3 +107,43 @@ def test_folders_of_other_sources_go_once_idle_for_a_week(tmp_path):
         os.utime(d, (week_ago, week_ago))
     numba_setup._prune_other_sources(current)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine", "src-aaaa", "src-bbbb"]
+
+
+_LEAN_LOAD = """
+import sys
+import numpy as np
+import numba
+from numba.core.base import BaseContext
+from rlx_format.quants import quantize_q8_0
+
+refreshes = []
+numba_refresh = BaseContext.refresh
+BaseContext.refresh = lambda self: (refreshes.append(1), numba_refresh(self))[1]
+q = quantize_q8_0(np.arange(64, dtype=np.float32).reshape(2, 32) - 20.5)
+lean = not refreshes and "numba.np.arraymath" not in sys.modules
+import userk
+total = userk.total(np.arange(10.0))
+user_refreshed = bool(refreshes)
+
+@numba.njit
+def descending(x):
+    return np.sort(x)[::-1]
+
+print(lean, user_refreshed, total, descending(np.array([2.0, 3.0, 1.0])).tolist(), q.tobytes().hex())
+"""
+
+
+def test_cached_rlx_kernels_load_without_numba_registries(tmp_path):
+    """A cache hit of an rlx kernel skips numba's registry refresh (every lowering module, 0.3-0.6 s of a first
+    forward); the kernel gives the same bytes, a user's own cached numba function keeps numba's full load, and a
+    kernel compiled after a lean load compiles as usual."""
+    (tmp_path / "userk.py").write_text("import numba\n\n@numba.njit(cache=True)\ndef total(x):\n    return x.sum()\n")
+    env = _env(tmp_path, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    runs = [subprocess.run([sys.executable, "-c", _LEAN_LOAD], env=env, cwd=tmp_path, check=True,
+                           capture_output=True, text=True).stdout.split() for _ in range(2)]
+    compiled, cached = runs
+    assert compiled[0] == "False"  # nothing cached yet: numba compiled, which refreshes its registries
+    assert cached[0] == "True"
+    assert compiled[1] == cached[1] == "True"  # the user's function: numba's own load, registries and all
+    assert compiled[2:] == cached[2:]
+    assert cached[2] == "45.0" and "".join(cached[3:6]) == "[3.0,2.0,1.0]"

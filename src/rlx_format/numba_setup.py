@@ -92,6 +92,43 @@ def _configure() -> None:
     numba.config.CACHE_DIR = str(d)
 
 
+def _is_rlx_kernel(py_func: object) -> bool:
+    return getattr(py_func, "__module__", "").split(".")[0] in _PACKAGES
+
+
+def _load_cached_kernels_lean() -> None:
+    """Loading an rlx kernel from the cache skips numba's registry refresh.
+
+    numba's `Cache.load_overload` refreshes the whole target context before it looks in the cache: it imports
+    every lowering module numba has (arraymath, linalg, random, typed containers...; scipy too where it is
+    installed) and installs their registries, 0.3-0.6 s of a model's first forward, though rebuilding cached
+    object code needs none of them. A load needs the runtime (NRT) initialised, which this keeps; a miss
+    compiles, and numba's compiler refreshes the context itself. Other code's numba functions keep numba's own
+    behaviour, as does any numba whose cache lacks the methods this relies on."""
+    from numba.core import caching
+    from numba.core.runtime import rtsys
+
+    numba_load = caching.Cache.load_overload
+    if getattr(numba_load, "rlx_lean", False):
+        return
+    needed = (hasattr(caching.Cache, "_load_overload") and hasattr(caching.Cache, "_guard_against_spurious_io_errors")
+              and hasattr(rtsys, "initialize"))
+    if not needed:
+        return
+
+    def load_overload(self, sig, target_context):  # noqa: ANN001, ANN202 - numba's signature
+        if not _is_rlx_kernel(getattr(self, "_py_func", None)):
+            return numba_load(self, sig, target_context)
+        rtsys.initialize(target_context)
+        with self._guard_against_spurious_io_errors():
+            return self._load_overload(sig, target_context)
+        return None  # the guard swallowed an I/O error: numba compiles instead
+
+    load_overload.rlx_lean = True
+    caching.Cache.load_overload = load_overload
+
+
 _configure()
+_load_cached_kernels_lean()
 
 __all__ = ["numba", "cache_dir", "kernel_sources_digest"]
