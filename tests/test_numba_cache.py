@@ -121,22 +121,34 @@ numba_refresh = BaseContext.refresh
 BaseContext.refresh = lambda self: (refreshes.append(1), numba_refresh(self))[1]
 q = quantize_q8_0(np.arange(64, dtype=np.float32).reshape(2, 32) - 20.5)
 lean = not refreshes and "numba.np.arraymath" not in sys.modules
+from rlx_runtime.pool_kernels import panel_columns
+panel = panel_columns(16)  # loaded from the cache in the second run: its bitcode left unparsed
+unparsed = all(c.library._shared_module is None for c in panel_columns.overloads.values())
+
+@numba.njit
+def two_panels(k):  # links panel_columns' library into a new kernel: its bitcode is parsed now
+    return 2 * panel_columns(k)
+
+linked = two_panels(16) == 2 * panel > 0
 import userk
+before = len(refreshes)
 total = userk.total(np.arange(10.0))
-user_refreshed = bool(refreshes)
+user_refreshed = len(refreshes) > before
 
 @numba.njit
 def descending(x):
     return np.sort(x)[::-1]
 
-print(lean, user_refreshed, total, descending(np.array([2.0, 3.0, 1.0])).tolist(), q.tobytes().hex())
+print(lean and unparsed, user_refreshed, linked, total, descending(np.array([2.0, 3.0, 1.0])).tolist(),
+      q.tobytes().hex())
 """
 
 
 def test_cached_rlx_kernels_load_without_numba_registries(tmp_path):
     """A cache hit of an rlx kernel skips numba's registry refresh (every lowering module, 0.3-0.6 s of a first
-    forward); the kernel gives the same bytes, a user's own cached numba function keeps numba's full load, and a
-    kernel compiled after a lean load compiles as usual."""
+    forward) and leaves its bitcode unparsed; the kernel gives the same bytes, a user's own cached numba function
+    keeps numba's full load, a kernel compiled after a lean load compiles as usual, and one that calls a kernel
+    loaded that way links it."""
     (tmp_path / "userk.py").write_text("import numba\n\n@numba.njit(cache=True)\ndef total(x):\n    return x.sum()\n")
     env = _env(tmp_path, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
     runs = [subprocess.run([sys.executable, "-c", _LEAN_LOAD], env=env, cwd=tmp_path, check=True,
@@ -145,5 +157,33 @@ def test_cached_rlx_kernels_load_without_numba_registries(tmp_path):
     assert compiled[0] == "False"  # nothing cached yet: numba compiled, which refreshes its registries
     assert cached[0] == "True"
     assert compiled[1] == cached[1] == "True"  # the user's function: numba's own load, registries and all
-    assert compiled[2:] == cached[2:]
-    assert cached[2] == "45.0" and "".join(cached[3:6]) == "[3.0,2.0,1.0]"
+    assert compiled[2] == cached[2] == "True"
+    assert compiled[3:] == cached[3:]
+    assert cached[3] == "45.0" and "".join(cached[4:7]) == "[3.0,2.0,1.0]"
+
+
+def test_cached_kernels_define_the_names_their_bitcode_does():
+    """The names a cached kernel defines come from its object file's symbol table, not from parsing the bitcode
+    beside it: the same set, for each of the worker pool's steps (kernels with code and constants of all kinds)
+    and a plain kernel, as numba cached them; anything but a 64-bit ELF object gets None (numba's own load)."""
+    import pickle
+
+    import numba
+    from llvmlite import binding as ll
+
+    from rlx_runtime import pool_kernels
+
+    pool_kernels.row_fns()  # compiled and cached here if they were not
+    pool_kernels.panel_columns(16)
+    cached = [p for pattern in ("pool_kernels._step_*.nbc", "pool_kernels.panel_columns-*.nbc")
+              for p in Path(numba.config.CACHE_DIR).rglob(pattern)]
+    assert len({p.name.split("-")[0] for p in cached}) == len(pool_kernels._STEPS) + 1
+    for path in cached:
+        (_, kind, (object_code, bitcode)), *_ = pickle.loads(path.read_bytes())  # numba's cache entry
+        module = ll.parse_bitcode(bitcode)
+        defined = {v.name for values in (module.functions, module.global_variables) for v in values
+                   if not v.is_declaration}
+        assert kind == "object" and defined
+        assert numba_setup.elf_defined_symbols(object_code) == defined, path.name
+    assert numba_setup.elf_defined_symbols(b"\xcf\xfa\xed\xfe" + bytes(60)) is None  # Mach-O
+    assert numba_setup.elf_defined_symbols(b"\x7fELF\x01\x01" + bytes(58)) is None  # 32-bit ELF
