@@ -134,9 +134,9 @@ _DEFINED_TYPES = (0, 1, 2)  # STT_NOTYPE, STT_OBJECT, STT_FUNC (not sections or 
 
 
 def elf_defined_symbols(object_code: bytes) -> set[str] | None:
-    """The names an x86-64/AArch64 ELF object file defines (its .symtab entries with a section, of no type, object
-    or function), or None for anything else (another format, no symbol table): the names numba otherwise takes
-    from the bitcode it keeps beside a cached kernel's object code."""
+    """The names a 64-bit little-endian ELF object file defines (its .symtab entries with a section, of no type,
+    object or function), or None for anything else (another format, no symbol table): the names numba otherwise
+    takes from the bitcode it keeps beside a cached kernel's object code."""
     if object_code[:4] != b"\x7fELF" or object_code[4:6] != b"\x02\x01":  # 64-bit, little-endian
         return None
     from llvmlite import binding as ll
@@ -146,7 +146,7 @@ def elf_defined_symbols(object_code: bytes) -> set[str] | None:
     if table is None or strings is None:
         return None
     names = set()
-    for name, info, _, section, _, _ in _ELF_SYMBOL.iter_unpack(table[:len(table) // 24 * 24]):
+    for name, info, _, section, _, _ in _ELF_SYMBOL.iter_unpack(table[:len(table) - len(table) % _ELF_SYMBOL.size]):
         if name and section and info & 0xF in _DEFINED_TYPES:
             names.add(strings[name:strings.index(b"\0", name)].decode())
     return names
@@ -204,4 +204,4 @@ _configure()
 _load_cached_kernels_lean()
 _load_kernels_without_bitcode()
 
-__all__ = ["numba", "cache_dir", "kernel_sources_digest"]
+__all__ = ["numba", "cache_dir", "elf_defined_symbols", "kernel_sources_digest"]
