@@ -1,6 +1,7 @@
 """numba's compiled-kernel cache lives in a per-user directory, never next to the installed sources."""
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -187,3 +188,52 @@ def test_cached_kernels_define_the_names_their_bitcode_does():
         assert numba_setup.elf_defined_symbols(object_code) == defined, path.name
     assert numba_setup.elf_defined_symbols(b"\xcf\xfa\xed\xfe" + bytes(60)) is None  # Mach-O
     assert numba_setup.elf_defined_symbols(b"\x7fELF\x01\x01" + bytes(58)) is None  # 32-bit ELF
+
+
+_BSS_KERNEL = """
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+from rlx_format.numba_setup import numba
+
+
+@intrinsic
+def scratch_byte(typingctx, i):
+    def codegen(context, builder, sig, args):
+        kind = ir.ArrayType(ir.IntType(8), 1 << 26)  # a 64 MiB zeroed global: its object file's .bss (.lbss)
+        scratch = ir.GlobalVariable(builder.module, kind, name="rlx_test_scratch")
+        scratch.initializer = ir.Constant(kind, None)
+        at = builder.gep(scratch, [ir.Constant(ir.IntType(64), 0), args[0]])
+        builder.store(ir.Constant(ir.IntType(8), 7), at)
+        return builder.zext(builder.load(at), ir.IntType(64))
+    return types.int64(types.int64), codegen
+
+
+@numba.njit(cache=True)
+def poke(i):
+    return scratch_byte(i)
+
+
+print(poke(12345))
+"""
+
+
+def test_cached_kernel_with_a_large_bss_loads(tmp_path):
+    """The symbol table is read from the object file without touching other sections' bytes: a .bss section's
+    size is its size in memory, and reading that much of a small object file crashed the cached load."""
+    (tmp_path / "bss_kernel.py").write_text(_BSS_KERNEL)  # a file: numba caches no kernel defined in a -c string
+    env = _env(tmp_path)
+    runs = [subprocess.run([sys.executable, "bss_kernel.py"], env=env, cwd=tmp_path, capture_output=True, text=True)
+            for _ in range(2)]
+    assert [(r.returncode, r.stdout.strip()) for r in runs] == [(0, "7"), (0, "7")], runs[-1].stderr[-2000:]
+
+
+def test_rlx_has_no_vectorized_kernels():
+    """rlx's kernels load from the cache without numba's registry refresh (numba_setup._load_cached_kernels_lean),
+    which @vectorize/@guvectorize cannot do: numba builds their ufunc wrappers after the cache hit with the
+    registries that the refresh installs. Such a kernel needs that path to leave it to numba first."""
+    used = re.compile(r"@\S*vectorize\b|\bvectorize\s*\(")  # a decorator or a call, not "the loops vectorize"
+    offenders = [str(p.relative_to(SRC.parent)) for package in ("rlx_format", "rlx_runtime", "rlx_bake")
+                 for p in sorted((SRC.parent / package).rglob("*.py"))
+                 if used.search(p.read_text()) and p.name != "numba_setup.py"]
+    assert offenders == []

@@ -105,7 +105,9 @@ def _load_cached_kernels_lean() -> None:
     installed) and installs their registries, 0.3-0.6 s of a model's first forward, though rebuilding cached
     object code needs none of them. A load needs the runtime (NRT) initialised, which this keeps; a miss
     compiles, and numba's compiler refreshes the context itself. Other code's numba functions keep numba's own
-    behaviour, as does any numba whose cache lacks the methods this relies on."""
+    behaviour, as does any numba whose cache lacks the methods this relies on. Not for @vectorize/@guvectorize:
+    after a cache hit numba builds their ufunc wrapper with the registries a refresh installs (rlx has none; a
+    test keeps it so)."""
     from numba.core import caching
     from numba.core.runtime import rtsys
 
@@ -141,7 +143,10 @@ def elf_defined_symbols(object_code: bytes) -> set[str] | None:
         return None
     from llvmlite import binding as ll
 
-    sections = {s.name(): s.data() for s in ll.ObjectFileRef.from_data(object_code).sections()}
+    # only these two sections' bytes: data() reads size() bytes from the section's place in the file, and a .bss
+    # section's size is its size in memory (a 64 MiB zeroed global read 64 MiB past a 2.6 KB object: a segfault)
+    sections = {s.name(): s.data() for s in ll.ObjectFileRef.from_data(object_code).sections()
+                if s.name() in (b".symtab", b".strtab")}
     table, strings = sections.get(b".symtab"), sections.get(b".strtab")
     if table is None or strings is None:
         return None
