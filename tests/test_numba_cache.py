@@ -233,7 +233,7 @@ def test_rlx_has_no_vectorized_kernels():
     which @vectorize/@guvectorize cannot do: numba builds their ufunc wrappers after the cache hit with the
     registries that the refresh installs. Such a kernel needs that path to leave it to numba first."""
     used = re.compile(r"@\S*vectorize\b|\bvectorize\s*\(")  # a decorator or a call, not "the loops vectorize"
-    offenders = [str(p.relative_to(SRC.parent)) for package in ("rlx_format", "rlx_runtime", "rlx_bake")
+    offenders = [str(p.relative_to(SRC.parent)) for package in numba_setup._PACKAGES
                  for p in sorted((SRC.parent / package).rglob("*.py"))
                  if used.search(p.read_text()) and p.name != "numba_setup.py"]
     assert offenders == []
