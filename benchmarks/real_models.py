@@ -18,6 +18,7 @@ Run alone with `python benchmarks/real_models.py [--profile] [--only TEXT]` (--p
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -243,7 +244,10 @@ def _print_profile(name: str, n: int, compiled, feeds) -> None:
 
 
 if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="Real-model CPU forward: rlx vs onnxruntime (issue #22).")
+    parser.add_argument("--profile", action="store_true", help="print rlx's per-op times per model")
+    parser.add_argument("--only", default="", metavar="TEXT",
+                        help="keep the models whose name contains TEXT (case-insensitive), e.g. mobilenet")
+    args = parser.parse_args()
     print(env_note())
-    args = sys.argv[1:]
-    only = args[args.index("--only") + 1] if "--only" in args[:-1] else ""
-    print_rows(main(profile="--profile" in args, only=only))
+    print_rows(main(profile=args.profile, only=args.only))
