@@ -8,8 +8,6 @@ groups. The unfused reference is the same graph compiled with the fusion pass sw
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pytest
 
@@ -20,6 +18,7 @@ from rlx_runtime import Session, codegen
 from rlx_runtime.backend import CPU
 from rlx_runtime.kernels import KERNELS
 from rlx_runtime.kernels.registry import prepare_attrs
+from vector_code import MASKED_STORE, stores_back_a_select_of_the_load
 
 RNG = np.random.default_rng(7)
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NaN inputs
@@ -332,12 +331,6 @@ def test_the_numba_epilogue_gives_the_unfused_kernels_bits(act, kw):
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
-# a vector store under a mask in AT&T syntax: AVX/AVX2's vmaskmovps/pd (register, mask, memory) or an AVX-512 move
-# to memory under a k mask
-_MASKED_STORE = re.compile(r"vmaskmovp[sd]\s+%[xy]mm\d+,\s*%[xy]mm\d+,\s*[^%\s]"
-                           r"|vmov\w+\s+%[xyz]mm\d+,\s*[^%\s][^{\n]*\{%k")
-
-
 @pytest.mark.parametrize("act", ["Relu", "LeakyRelu"])
 def test_the_epilogue_without_a_bias_stores_whole_vectors(act):
     """Relu and LeakyRelu with no bias to add (a residual conv's, whose bias went in with the residual; a conv
@@ -358,7 +351,8 @@ def test_the_epilogue_without_a_bias_stores_whole_vectors(act):
     no_bias(y, y.size, np.float32(0.25))
     np.testing.assert_array_equal(y.view(np.uint32), want.view(np.uint32))
     asm = no_bias.inspect_asm(no_bias.signatures[0])
-    assert not _MASKED_STORE.findall(asm)
+    assert not MASKED_STORE.findall(asm)
+    assert stores_back_a_select_of_the_load(no_bias.inspect_llvm(no_bias.signatures[0])) == 0
 
 
 @pytest.mark.parametrize("numba_loaded", [False, True])
