@@ -337,8 +337,7 @@ def test_the_epilogue_without_a_bias_stores_whole_vectors(act):
     without one) keep every store unmasked: where one side of the select stored back the value just loaded, LLVM's
     x86 back end made the loop a masked store of the other side (vmaskmovps on AVX2: 6.5x slower on Zen 3, ~3% of
     a ResNet-50 forward)."""
-    import numba
-
+    from rlx_format.numba_setup import numba
     from rlx_runtime.conv_kernels import ACTIVATION_CODES, activate
     code = ACTIVATION_CODES[act]
 

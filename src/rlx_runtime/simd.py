@@ -843,12 +843,18 @@ def _np_maximum(builder, old, new):
     """np.maximum(old, new) of float32 values or vectors: a NaN in `old` stays, else a NaN in `new` wins; of
     equal values (-0.0 and 0.0) `new` (numpy's own float32 maximum on x86, which MaxPool's fold follows). As x86's
     maxps (old > new ? old : new: `new` on a tie or any NaN), then `old` where it is a NaN: two compares and two
-    selects. (Spelled as one select on the and/or of three compares, AVX2's code ran a 3x3 MaxPool 4x slower.) The
-    NaN side is old + old, the same NaN: a select one of whose sides is the vector loaded from where it is stored
-    becomes a masked store of the other side in LLVM's x86 back end, on AVX2 vmaskmovps, slow on AMD's cores (a
-    3x3/2 MaxPool of 64x112x112 at 1 thread on Zen 3: 0.86-1.37 ms, 0.48-0.84 ms with the sum)."""
+    selects. (Spelled as one select on the and/or of three compares, AVX2's code ran a 3x3 MaxPool 4x slower.)"""
     larger = builder.select(builder.fcmp_ordered(">", old, new), old, new)
-    return builder.select(builder.fcmp_unordered("uno", old, old), builder.fadd(old, old), larger)
+    return _nan_or(builder, old, larger)
+
+
+def _nan_or(builder, x, value):
+    """x where x is a NaN, else value (float32 values or vectors), the NaN side computed as x + x (the same NaN). A
+    select one of whose sides is x itself, where x was loaded from the address the result is stored to (a fold
+    into its destination, a kernel in place), becomes a masked store of the other side in LLVM's x86 back end: on
+    AVX2 vmaskmovps, slow on AMD's cores (a 3x3/2 MaxPool of 64x112x112 at 1 thread on Zen 3: 0.86-1.37 ms, 0.48-0.84
+    ms with the sum)."""
+    return builder.select(builder.fcmp_unordered("uno", x, x), builder.fadd(x, x), value)
 
 
 def copy_intrinsic(masked_tail: bool, combine=None):
@@ -1162,9 +1168,7 @@ def _sigmoid_vec(builder, x, silu: bool):
     one = _const(x.type, 1.0)
     t = _exp_neg_abs(builder, x, AVX512 and x.type.count == 16)
     r = builder.fdiv(builder.select(builder.fcmp_ordered(">=", x, _const(x.type, 0.0)), one, t), builder.fadd(one, t))
-    # NaN: x + x, the same NaN; x itself, stored back where it was loaded (in place, no bias), made every store a
-    # masked one (see _np_maximum)
-    r = builder.select(builder.fcmp_unordered("uno", x, x), builder.fadd(x, x), r)
+    r = _nan_or(builder, x, r)  # in place with no bias, x is the vector loaded from where r is stored
     return builder.fmul(x, r) if silu else r
 
 
@@ -1243,7 +1247,7 @@ def exp_shifted_f32(typingctx, dst, at, src, start, count, shift):
 
         def exp_of(x):
             d = builder.fsub(x, m)
-            return builder.select(builder.fcmp_unordered("uno", d, d), d, _exp_neg_abs(builder, d, scalef))
+            return _nan_or(builder, d, _exp_neg_abs(builder, d, scalef))
 
         _map_vectors(builder, dp, sp, n, exp_of)
         return context.get_dummy_value()
