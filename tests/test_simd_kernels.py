@@ -310,17 +310,20 @@ _TILES = [(8, 32), (4, 8, 3), (4, 16), (3, 8), (4, 8, 2)]
 
 @pytest.fixture(scope="module")
 def few_rows_by_tile():
-    """{tile: (skinny(out, x, wt, rows, k, n, c0, c1), gather(out, x, src, offsets, rows, k, n, c0, c1))}, njit
-    wrappers of the intrinsics built with that tile."""
+    """{tile: (skinny(out, x, wt, rows, k, n, c0, c1), gather(out, x, src, offsets, rows, k, n, c0, c1),
+    skinny_epilogue(out, x, wt, rows, k, n, c0, c1, bias, res, mode, has_bias, has_res))}, njit wrappers of the
+    intrinsics built with that tile."""
     from rlx_format.numba_setup import numba
     from rlx_runtime import simd
 
     built = {}
     for tile in _TILES:
-        sk, ga = simd.few_rows_intrinsics(tile)
+        sk, ga, ep = simd.few_rows_intrinsics(tile)
         built[tile] = (numba.njit(lambda out, x, wt, rows, k, n, c0, c1, f=sk: f(out, x, wt, rows, k, n, c0, c1)),
                        numba.njit(lambda out, x, src, offs, rows, k, n, c0, c1, f=ga: f(out, x, src, offs, rows, k,
-                                                                                            n, c0, c1)))
+                                                                                            n, c0, c1)),
+                       numba.njit(lambda out, x, wt, rows, k, n, c0, c1, bias, res, mode, hb, hr, f=ep: f(
+                           out, x, wt, rows, k, n, c0, c1, bias, res, mode, hb, hr)))
     return built
 
 
@@ -339,7 +342,7 @@ def test_every_register_tile_gives_the_same_bits(few_rows_by_tile, rows, k, n, c
     wt = R.standard_normal(k * n).astype(np.float32)
     offsets = np.arange(k, dtype=np.int64) * n  # gather over the rows of wt: the same GEMM
     outs = []
-    for tile, (sk, ga) in few_rows_by_tile.items():
+    for tile, (sk, ga, _) in few_rows_by_tile.items():
         for fn, extra in ((sk, ()), (ga, (offsets,))):
             out = np.full(SKINNY_ROWS * n, 7.0, np.float32)
             fn(out, x, wt, *extra, rows, k, n, c0, c1)
@@ -352,6 +355,47 @@ def test_every_register_tile_gives_the_same_bits(few_rows_by_tile, rows, k, n, c
     a, b = x.reshape(rows, k).astype(np.float64), wt.reshape(k, n).astype(np.float64)
     bound = k * np.finfo(np.float32).eps * (np.abs(a) @ np.abs(b))
     assert np.all(np.abs(got[:rows, c0:c1] - (a @ b)[:, c0:c1]) <= bound[:, c0:c1])
+
+
+@pytest.mark.parametrize("rows,k,n,c0,c1", [(1, 7, 50, 0, 50), (3, 64, 96, 5, 93), (8, 16, 130, 0, 130),
+                                            (5, 100, 130, 17, 130), (8, 9, 32, 0, 31), (6, 17, 300, 10, 290),
+                                            (8, 5, 513, 0, 513)], ids=str)
+def test_the_epilogue_in_the_stores_gives_the_separate_passes_bits(few_rows_by_tile, rows, k, n, c0, c1):
+    """skinny_epilogue_f32, for every tile: mode 0 stores skinny_f32's outputs; mode 1 (acc + bias[row]) +
+    residual, mode 2 then np.maximum(v, 0) (Relu), each sum rounded as the unfused Conv, Add and Relu round it;
+    without has_bias the bias array is not read (a one-element stand-in) and nothing is added; NaN, inf, exact
+    cancellations and -0.0 keep numpy's bits; outputs outside [c0, c1) and rows past `rows` are left alone (the
+    residual read there is poisoned to show it)."""
+    from rlx_runtime.simd import SKINNY_ROWS
+
+    x = R.standard_normal(rows * k).astype(np.float32)
+    wt = R.standard_normal(k * n).astype(np.float32)
+    sk, _, _ = next(iter(few_rows_by_tile.values()))
+    plain = np.full(SKINNY_ROWS * n, 7.0, np.float32)
+    sk(plain, x, wt, rows, k, n, c0, c1)
+    acc = plain.reshape(SKINNY_ROWS, n)[:rows, c0:c1]
+    bias = R.standard_normal(SKINNY_ROWS).astype(np.float32)
+    bias[0] = -0.0
+    res = np.full((SKINNY_ROWS, n), np.nan, np.float32)  # outside the outputs: NaN, so a stray read shows
+    inner = R.standard_normal(acc.shape).astype(np.float32)
+    inner.flat[::7] = -(acc + bias[:rows, None]).flat[::7]  # exact cancellations: +0.0
+    inner.flat[3::11], inner.flat[5::13], inner.flat[6::17] = np.nan, np.inf, -0.0
+    res[:rows, c0:c1] = inner
+    for tile, (_, _, ep) in few_rows_by_tile.items():
+        for mode in (0, 1, 2):
+            for has_bias in (False, True):
+                for has_res in (False, True):
+                    out = np.full(SKINNY_ROWS * n, 7.0, np.float32)
+                    ep(out, x, wt, rows, k, n, c0, c1, bias if has_bias else np.full(1, np.nan, np.float32),
+                       res.reshape(-1) if has_res else np.full(1, np.nan, np.float32), mode, has_bias, has_res)
+                    want = plain.reshape(SKINNY_ROWS, n).copy()
+                    if mode:
+                        v = acc + bias[:rows, None] if has_bias else acc.copy()
+                        if has_res:
+                            v = v + inner
+                        want[:rows, c0:c1] = np.maximum(v, np.float32(0)) if mode == 2 else v
+                    np.testing.assert_array_equal(out.reshape(SKINNY_ROWS, n), want,
+                                                  err_msg=f"tile {tile} mode {mode} bias {has_bias} res {has_res}")
 
 
 

@@ -36,7 +36,7 @@ def bias_act_block(y, b0, b1, r0, r1, c0, c1, groups, bias, has_bias, act, alpha
 # it is called with (0, 1, 8, True), and the five patterns of its callers cost ~4 s each of a first run on an empty
 # kernel cache; typed as plain int64 and bool they share one compiled version.
 ZERO, ONE, _SKINNY_ROWS = np.int64(0), np.int64(1), np.int64(SKINNY_ROWS)
-_TRUE, _FALSE = np.bool_(True), np.bool_(False)
+TRUE, FALSE = np.bool_(True), np.bool_(False)
 
 
 @numba.njit(cache=True, error_model="numpy", nogil=True)
@@ -376,13 +376,13 @@ def direct_rows(phases, w, offsets, y, b, r0, r1, g_lo, g_hi, wq, piece_rows, bi
             if act >= 0 and not has_res:
                 bias_act_rows(scratch, _SKINNY_ROWS, cols, ZERO, ONE, ZERO, j1 - j0, ZERO, cols, ONE,
                               bias[j0:] if has_bias else bias, has_bias, act, alpha, beta, has_lo, lo, has_hi, hi, res,
-                              _FALSE)
+                              FALSE)
             for j in range(j1 - j0):
                 for r in range(g1 - g0):
                     copy_f32(out, ((j0 + j) * oh + g0 + r) * ow, scratch, j * cols + r * wq, ow, 1)
             if act >= 0 and has_res:
                 bias_act_rows(out, y.shape[1], oh * ow, ZERO, ONE, j0, j1, g0 * ow, g1 * ow, ONE, bias, has_bias, act,
-                              alpha, beta, has_lo, lo, has_hi, hi, image_res, _TRUE)
+                              alpha, beta, has_lo, lo, has_hi, hi, image_res, TRUE)
 
 
 @numba.njit(cache=True, nogil=True, error_model="numpy")

@@ -31,13 +31,13 @@ from .atomics import backoff as _backoff
 from .atomics import load as _load
 from .atomics import store as _store
 from .atomics import swap as _swap
-from .conv_kernels import (ONE, ZERO, bias_act_block, bias_act_rows, direct_rows, dw_blocks, fill_phases, row_means,
-                           scale_rows, tap_planes)
+from .conv_kernels import (FALSE, ONE, ZERO, bias_act_block, bias_act_rows, direct_rows, dw_blocks, fill_phases,
+                           row_means, scale_rows, tap_planes)
 from .linear import add_columns
 from .pool_layout import (FINISHED, FLOAT_COLUMNS, INT_COLUMNS, KIND, KIND_NATIVE, NEXT, ROW_BIAS_ACT, ROW_BLOCKED,
                           ROW_COLUMNS, ROW_DIRECT, ROW_FILL, ROW_GEMM, ROW_GEMV, ROW_MEANS, ROW_SCALE, ROW_SKINNY,
                           ROW_TAPS, WORKED, YIELD)
-from .simd import FEW_ROWS_UNIT, SKINNY_ROWS, skinny_f32
+from .simd import FEW_ROWS_UNIT, SKINNY_ROWS, skinny_epilogue_f32
 
 _I32, _I64, _F32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
 
@@ -112,14 +112,19 @@ def skinny_rows(out, x, wt, rows, k, n, c0, c1, r0, r1, bias, has_bias, act, alp
     in panels of panel_columns(k): every block of rows reads the panel of wt from cache, not the whole of wt from
     memory again."""
     width = c1 - c0 if r1 - r0 <= SKINNY_ROWS else panel_columns(k)
+    # the bias, the residual and a Relu go in as each output vector is stored (simd.skinny_epilogue_f32); another
+    # activation then runs as a pass over the block
+    mode = 0 if act < 0 else 2 if act == 0 else 1
+    after = act >= 0 and act != 0 and act != 6
     for p0 in range(c0, c1, max(width, 1)):
         p1 = min(c1, p0 + width)
         for j0 in range(r0, r1, SKINNY_ROWS):
             j1 = min(r1, j0 + SKINNY_ROWS)
-            skinny_f32(out[j0 * n:], x[j0 * k:], wt, j1 - j0, k, n, p0, p1)
-            if act >= 0:
-                bias_act_rows(out, rows, n, ZERO, ONE, j0, j1, p0, p1, ONE, bias, has_bias, act, alpha, beta, has_lo,
-                              lo, has_hi, hi, res, has_res)
+            skinny_epilogue_f32(out[j0 * n:], x[j0 * k:], wt, j1 - j0, k, n, p0, p1, bias[j0:] if has_bias else bias,
+                                res[j0 * n:] if has_res else res, mode, has_bias, has_res)
+            if after:
+                bias_act_rows(out, rows, n, ZERO, ONE, j0, j1, p0, p1, ONE, bias, FALSE, act, alpha, beta, has_lo,
+                              lo, has_hi, hi, res, FALSE)
 
 
 # bytes of wt's (k, columns) panel that skinny_rows keeps in cache while every block of rows passes over it.
