@@ -68,26 +68,35 @@ def _numba_side() -> tuple:
     return conv_kernels, simd, aligned
 
 
-# without AVX-512, strided convs from this inner dimension take im2col and the BLAS GEMM instead. Chosen when the
-# direct kernel's AVX2 tile was gather_f32's two passes of 4 x 16 per block of 8 output channels: on a stride's
-# phases it ran 1.2-2x OpenBLAS's Haswell GEMM. Measured per conv (Zen 3, 1 / 2 threads), GEMM against that
-# direct: 32->64 3x3/2 at 80x80 0.75x / 0.86x, 64->128 at 40x40 0.70x / 0.73x, ResNet-50's 128->128 at 56x56
-# 0.68x / 0.76x, 256->256 at 28x28 0.58x / 0.57x, 512->512 at 14x14 0.50x / 0.51x; 16->32 at 160x160 (inner 144)
-# 0.96x / 1.09x and the 3-channel stems 1.2-1.5x stay direct. (Stride 1 measured 0.7-0.95x alone but level to 1.36x
-# slower inside ResNet-50's forward: it stays direct.) Against the channel blocks (CHANNEL_BLOCKS) the GEMM is level:
-# per conv 0.89-1.1x / 0.95-1.28x at 1 / 2 threads; ResNet-50 and YOLO-like all direct 0.95-1.03x (noise): kept.
+# without AVX-512, strided convs of fewer than CHANNEL_BLOCK output channels (gather_f32's tile: no channel blocks)
+# from this inner dimension take im2col and the BLAS GEMM instead: on a stride's phases that tile (then two passes of
+# 4 x 16 per block of 8 output channels) ran 1.2-2x OpenBLAS's Haswell GEMM (Zen 3, 1 / 2 threads: 32->64 3x3/2 at
+# 80x80 0.75x / 0.86x, 64->128 at 40x40 0.70x / 0.73x, ResNet-50's 128->128 at 56x56 0.68x / 0.76x, 256->256 at 28x28
+# 0.58x / 0.57x, 512->512 at 14x14 0.50x / 0.51x; the 3-channel stems 1.2-1.5x stay direct). Convs of CHANNEL_BLOCK
+# outputs and more take the channel blocks at any stride: session 31 measured them against the GEMM per conv (Zen 3,
+# the same five convs, two runs each, in one process) at 1 thread 0.76-1.11x the time (sums 0.93-0.97x), at 2
+# threads 0.73-1.20x (sums 0.90-0.95x; the GEMM's im2col does not split: YOLO-like's 32->64 at 80x80 1.40 ms at 2
+# threads, 1.39 at one), and YOLO-like's whole forward in alternating processes 1.27-1.30x onnxruntime's against
+# 1.28-1.60x at 2 threads.
 AVX2_STRIDED_GEMM_INNER = 288
+
+
+def _channel_blocks(o: int) -> bool:
+    """Whether a direct conv of `o` output channels takes the channel blocks (CHANNEL_BLOCKS)."""
+    simd = _numba_side()[1]
+    return not simd.AVX512 and o >= simd.CHANNEL_BLOCK if CHANNEL_BLOCKS is None else CHANNEL_BLOCKS
 
 
 def use_direct(shape: tuple, dtype, w: np.ndarray, group: int, epilogue, strides=(1, 1)) -> bool:
     """A group-1 float32 2-D conv (inputs of `shape`) with a kernel larger than 1x1, `epilogue` None or a one-group
     conv_kernels.BiasActivation; without AVX-512, not a strided one of AVX2_STRIDED_GEMM_INNER inputs or more
-    (numba loaded: the caller checks)."""
+    unless it takes the channel blocks (numba loaded: the caller checks)."""
     inner = w.shape[1] * w.shape[2] * w.shape[3] if w.ndim == 4 else 0
     return (len(shape) == 4 and dtype == np.float32 and w.dtype == np.float32 and group == 1
             and w.shape[2] * w.shape[3] > 1 and inner <= MAX_INNER
             and (epilogue is None or getattr(epilogue, "flags", (0,))[0] == 1)
-            and (all(s == 1 for s in strides) or inner < AVX2_STRIDED_GEMM_INNER or _numba_side()[1].AVX512))
+            and (all(s == 1 for s in strides) or inner < AVX2_STRIDED_GEMM_INNER or _numba_side()[1].AVX512
+                 or _channel_blocks(w.shape[0])))
 
 
 class DirectPlan:
@@ -108,7 +117,7 @@ class DirectPlan:
         self.wq, self.hq, plane, self.stride = phase_layout(h, wd, pads, sh, sw, simd.LANES)
         self.offsets = phase_offsets(c, kh, kw, sh, sw, dh, dw, plane, self.wq, self.stride)
         self.wk = np.ascontiguousarray(w.reshape(o, -1))
-        self.packed = not simd.AVX512 and o >= simd.CHANNEL_BLOCK if CHANNEL_BLOCKS is None else CHANNEL_BLOCKS
+        self.packed = _channel_blocks(o)
         if self.packed:
             self.wk = _numba_side()[0].pack_channel_blocks(self.wk)
         row_bytes = 4 * c * sh * sw * self.wq  # a grid row's phase rows, every channel
