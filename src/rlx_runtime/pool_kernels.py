@@ -107,8 +107,9 @@ def _f64_at(typingctx, address):
 def skinny_rows(out, x, wt, rows, k, n, c0, c1, r0, r1, bias, has_bias, act, alpha, beta, has_lo, lo, has_hi,
                 hi, res, has_res):  # pragma: no cover - compiled
     """out (rows, n) = x (rows, k) @ wt (k, n) on rows r0..r1 and columns c0..c1 (flat C-order float32),
-    SKINNY_ROWS rows at a time; with act >= 0 each block then gets conv_kernels.bias_act_block (bias per row:
-    a pointwise conv's epilogue; res: out's residual, flat, with has_res) while it is still in cache. Columns go
+    SKINNY_ROWS rows at a time; with act >= 0 each block gets conv_kernels.bias_act_block's epilogue (bias per
+    row: a pointwise conv's; res: out's residual, flat, with has_res), its bias, residual and a Relu in the GEMM's
+    stores, another activation as a pass over the block while it is still in cache. Columns go
     in panels of panel_columns(k): every block of rows reads the panel of wt from cache, not the whole of wt from
     memory again."""
     width = c1 - c0 if r1 - r0 <= SKINNY_ROWS else panel_columns(k)

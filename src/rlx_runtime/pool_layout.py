@@ -20,7 +20,7 @@ INT_COLUMNS, FLOAT_COLUMNS = 40, 4
 #   top, left, hq, bias, nbias, has_bias, act, has_lo, has_hi, res, nres, has_res | alpha, beta, lo, hi
 #   (phases: one channel's scratch; act -1: no epilogue)
 # ROW_SKINNY: out, x, wt, rows, k, n, c0, c1, r0, r1, bias, nbias, has_bias, act, has_lo, has_hi, res, nres,
-#   has_res | alpha, beta, lo, hi (simd.skinny_f32 over blocks of SKINNY_ROWS rows, each then given ROW_BIAS_ACT's
+#   has_res | alpha, beta, lo, hi (simd.skinny_epilogue_f32 over blocks of SKINNY_ROWS rows, with ROW_BIAS_ACT's
 #   epilogue unless act is -1)
 # ROW_DIRECT: phases, N, L, w, w's rows, w's columns, offsets, y, OH, OW, b, r0, r1, wq, piece_rows, bias, nbias,
 #   has_bias, act, has_lo, has_hi, res, nres, has_res, g_lo, g_hi, K, O | alpha, beta, lo, hi (conv_kernels.direct_rows:
