@@ -515,9 +515,12 @@ def test_without_avx512_convs_of_32_outputs_and_more_take_the_channel_blocks(o, 
     ((1, 31, 80, 80), (16, 31, 3, 3), (2, 2), True),  # inner 279
     ((1, 3, 224, 224), (64, 3, 7, 7), (2, 2), True),  # a stem
     ((1, 512, 7, 7), (16, 512, 3, 3), (1, 1), True)], ids=str)
-def test_without_avx512_strided_convs_of_large_inner_size_and_few_outputs_take_the_gemm(xs, ws, strides, taken):
-    from rlx_runtime.simd import AVX512
-    want = AVX512 if taken == "avx512" else taken
+@pytest.mark.parametrize("avx512", [True, False])
+def test_without_avx512_strided_convs_of_large_inner_size_and_few_outputs_take_the_gemm(xs, ws, strides, taken,
+                                                                                     avx512, monkeypatch):
+    from rlx_runtime import simd
+    monkeypatch.setattr(simd, "AVX512", avx512)
+    want = avx512 if taken == "avx512" else taken
     assert conv_direct.use_direct(xs, np.float32, np.zeros(ws, np.float32), 1, None, strides) is want
     assert conv_direct.use_direct(xs, np.float32, np.zeros(ws, np.float32), 1, None) is True  # stride 1
 

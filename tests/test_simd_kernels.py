@@ -363,23 +363,28 @@ def test_every_register_tile_gives_the_same_bits(few_rows_by_tile, rows, k, n, c
 def test_the_epilogue_in_the_stores_gives_the_separate_passes_bits(few_rows_by_tile, rows, k, n, c0, c1):
     """skinny_epilogue_f32, for every tile: mode 0 stores skinny_f32's outputs; mode 1 (acc + bias[row]) +
     residual, mode 2 then np.maximum(v, 0) (Relu), each sum rounded as the unfused Conv, Add and Relu round it;
-    without has_bias the bias array is not read (a one-element stand-in) and nothing is added; NaN, inf, exact
-    cancellations and -0.0 keep numpy's bits; outputs outside [c0, c1) and rows past `rows` are left alone (the
-    residual read there is poisoned to show it)."""
+    without has_bias the bias array is not read (a one-element stand-in) and -0.0 is added (a -0.0 output stays
+    -0.0); NaN, inf, exact cancellations and -0.0 keep numpy's bits (compared as bits); outputs outside [c0, c1)
+    and rows past `rows` are left alone (the residual there is NaN, so a read at a wrong offset shows)."""
     from rlx_runtime.simd import SKINNY_ROWS
 
     x = R.standard_normal(rows * k).astype(np.float32)
     wt = R.standard_normal(k * n).astype(np.float32)
+    # row 0's first three outputs underflow to -0.0: each product of 1e-30 and -1e-20 rounds to -0.0
+    x[:k] = 1e-30
+    wt.reshape(k, n)[:, c0:c0 + 3] = -1e-20
     sk, _, _ = next(iter(few_rows_by_tile.values()))
     plain = np.full(SKINNY_ROWS * n, 7.0, np.float32)
     sk(plain, x, wt, rows, k, n, c0, c1)
     acc = plain.reshape(SKINNY_ROWS, n)[:rows, c0:c1]
+    assert np.all(np.signbit(acc[0, :3])) and np.all(acc[0, :3] == 0)
     bias = R.standard_normal(SKINNY_ROWS).astype(np.float32)
     bias[0] = -0.0
     res = np.full((SKINNY_ROWS, n), np.nan, np.float32)  # outside the outputs: NaN, so a stray read shows
     inner = R.standard_normal(acc.shape).astype(np.float32)
     inner.flat[::7] = -(acc + bias[:rows, None]).flat[::7]  # exact cancellations: +0.0
     inner.flat[3::11], inner.flat[5::13], inner.flat[6::17] = np.nan, np.inf, -0.0
+    inner[0, :3] = -0.0  # with no bias: -0.0 + -0.0, still -0.0 before the Relu
     res[:rows, c0:c1] = inner
     for tile, (_, _, ep) in few_rows_by_tile.items():
         for mode in (0, 1, 2):
@@ -394,7 +399,7 @@ def test_the_epilogue_in_the_stores_gives_the_separate_passes_bits(few_rows_by_t
                         if has_res:
                             v = v + inner
                         want[:rows, c0:c1] = np.maximum(v, np.float32(0)) if mode == 2 else v
-                    np.testing.assert_array_equal(out.reshape(SKINNY_ROWS, n), want,
+                    np.testing.assert_array_equal(out.reshape(SKINNY_ROWS, n).view(np.uint32), want.view(np.uint32),
                                                   err_msg=f"tile {tile} mode {mode} bias {has_bias} res {has_res}")
 
 

@@ -1,6 +1,6 @@
-"""Pointwise 2-D convs (1x1, stride 1, unpadded, group 1) in float32 by simd.skinny_f32, with the FusedConv
-epilogue applied as each block of 8 output channels is stored (simd.skinny_epilogue_f32: bias, residual, Relu) or
-while it is in cache (the other activations).
+"""Pointwise 2-D convs (1x1, stride 1, unpadded, group 1) in float32 by simd.skinny_epilogue_f32 (the few-rows GEMM
+skinny_f32 with the FusedConv epilogue's bias, residual and Relu applied to each output vector as it is stored);
+another activation then runs as a pass over each block of 8 output channels while it is in cache.
 
 Why not the BLAS GEMM (W (O, C) @ X (C, H*W)): OpenBLAS packs both operands on every call, which costs most
 where the inner dimension (the input channels) is short, as in the expansion and projection convs of

@@ -896,10 +896,10 @@ def epilogue_fields(epilogue, image: int = -1, image_size: int = 0) -> tuple:
 
 def skinny_step(steps: Steps, a: np.ndarray, b: np.ndarray, out: np.ndarray, c0: int, c1: int, r0: int, r1: int,
                 epilogue=None, image: int = -1) -> None:
-    """A step of `steps`: out[r0:r1, c0:c1] = (a @ b) there by simd.skinny_f32 (pool_kernels.skinny_rows; 2-D
-    C-contiguous float32), then, with `epilogue` (a conv_kernels.BiasActivation of one group), its bias (per row),
-    residual (image `image`'s, out being that image's output) and activation on that block, a few rows at a time
-    while they are in cache."""
+    """A step of `steps`: out[r0:r1, c0:c1] = (a @ b) there by simd.skinny_epilogue_f32 (pool_kernels.skinny_rows;
+    2-D C-contiguous float32), with `epilogue` (a conv_kernels.BiasActivation of one group) its bias (per row),
+    residual (image `image`'s, out being that image's output) and a Relu in the stores, another activation then
+    on that block, a few rows at a time while they are in cache."""
     ep = epilogue_fields(epilogue, image, out.size)
     if steps.native:
         k, ints, floats, r = steps.tables()
