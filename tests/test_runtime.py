@@ -69,6 +69,42 @@ def test_outputs_never_alias_inputs_or_each_other(rng):
     assert not (c.run({"x": xin})["r"] == 7).any()
 
 
+def test_a_view_of_a_fresh_result_is_handed_out_uncopied_and_alone(rng):
+    """An output that is a view of a result nothing else holds (a reshaped Exp; an aligned numba array, as the
+    conv kernels' outputs are) comes out as that view, not a copy; two views of one result, a view of a feed and a
+    view of a weight are still copies, and nothing seen through one output changes another or the next run."""
+    from rlx_runtime import aligned, plan
+    g = GraphBuilder()
+    x = g.input("x", "f32", [2, 3])
+    e = g.exp(x, name="e")
+    r = g.reshape(e, shape=[3, 2], name="r")
+    two = g.exp(x, name="two")
+    g.output(r, g.reshape(two, shape=[6], name="t1"), g.reshape(two, shape=[3, 2], name="t2"),
+             g.reshape(x, shape=[6], name="xr"))
+    c = Session().compile(g.build())
+    xin = rng.standard_normal((2, 3)).astype(np.float32)
+    out = c.run({"x": xin})
+    assert out["r"].base is not None  # the view itself
+    np.testing.assert_array_equal(out["r"], np.exp(xin).reshape(3, 2))
+    for name in ("t1", "t2", "xr"):
+        assert out[name].base is None, name
+    assert not np.shares_memory(out["t1"], out["t2"]) and not np.shares_memory(out["xr"], xin)
+    out["r"][:] = 7
+    assert not (c.run({"x": xin})["r"] == 7).any()
+
+    y = aligned.empty((1, 32, 8, 8), 64)
+    alone = plan._held_alone(y)  # apart from the assert: pytest's rewriting would hold y.base while it runs
+    assert alone
+    view = y.reshape(-1)
+    assert not plan._held_alone(y) and not plan._held_alone(view)  # two views of one allocation
+    w = np.zeros(64, np.float32)
+    held = w.reshape(8, 8)
+    assert not plan._held_alone(held)  # w holds the memory too
+    ro = np.zeros(8, np.float32).reshape(2, 4)
+    ro.flags.writeable = False
+    assert not plan._held_alone(ro)
+
+
 def test_intermediates_are_freed_after_last_use():
     g = GraphBuilder()
     x = g.input("x", "f32", [4])
