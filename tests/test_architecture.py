@@ -114,21 +114,27 @@ def test_the_cli_starts_without_the_heavy_modules():
     assert r.stdout.strip() == "[]"
 
 
-def test_a_relu_cnn_runs_without_loading_numba():
-    """numba's first load costs ~0.6 s per process; a plain Conv/Relu/pool CNN (ResNet's ops, fused or not, its
-    7x7 stem included) must not pay it on its first forward."""
+def test_a_relu_cnn_loads_numba_at_compile_and_its_first_forward_is_every_forwards():
+    """A plain Conv/Relu/pool CNN (ResNet's ops, fused or not, its 7x7 stem included) needs numba for nothing, but
+    its numba conv kernels run ResNet-50 1.2-1.5x faster than im2col + BLAS (numba's import, ~0.1-0.3 s, is paid
+    once at compile: ResNet-50's load + first forward stays under 0.5 s), so compile loads it, and the first forward
+    already takes the numba kernels: the same bits as the second."""
     import subprocess
     import sys
 
     code = ("import sys, numpy as np\nfrom rlx_format import GraphBuilder\nfrom rlx_runtime import Session\n"
             "g = GraphBuilder()\nx = g.input('x', 'f32', [1, 3, 64, 64])\n"
-            "s = g.relu(g.op('Conv', x, g.constant(np.ones((64, 3, 7, 7), np.float32)), pads=[3, 3, 3, 3],"
-            " strides=[2, 2]))\n"
-            "w = g.constant(np.ones((8, 64, 3, 3), np.float32))\nb = g.constant(np.ones(8, np.float32))\n"
+            "rng = np.random.default_rng(0)\n"
+            "s = g.relu(g.op('Conv', x, g.constant(rng.standard_normal((64, 3, 7, 7)).astype(np.float32)),"
+            " pads=[3, 3, 3, 3], strides=[2, 2]))\n"
+            "w = g.constant(rng.standard_normal((8, 64, 3, 3)).astype(np.float32))\n"
+            "b = g.constant(np.ones(8, np.float32))\n"
             "h = g.relu(g.op('Conv', s, w, b, pads=[1, 1, 1, 1]))\n"
             "g.output(g.op('GlobalAveragePool', g.relu(g.add(h, h)), name='y'))\n"
             "c = Session().compile(g.build())\nassert 'FusedConv' in c.plan_ops(), c.plan_ops()\n"
-            "c.run({'x': np.ones((1, 3, 64, 64), np.float32)})\nprint('numba' in sys.modules)")
+            "loaded = 'numba' in sys.modules\nxin = rng.standard_normal((1, 3, 64, 64)).astype(np.float32)\n"
+            "a, b = c.run({'x': xin})['y'], c.run({'x': xin})['y']\n"
+            "print(loaded, np.array_equal(a.view(np.uint32), b.view(np.uint32)))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.strip() == "False"
+    assert r.stdout.split() == ["True", "True"]

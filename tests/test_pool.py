@@ -331,7 +331,7 @@ def test_a_gemv_splits_from_a_mebibyte_of_weights(monkeypatch):
 
 _NO_NUMBA_RESNET = """
 import sys
-sys.modules["numba"] = None  # any import of numba fails: the forward runs without it, as a Relu CNN's does
+sys.modules["numba"] = None  # any import of numba fails: compile and the forward go on without it
 import numpy as np
 from threadpoolctl import threadpool_limits
 from rlx_format import read_rlx
@@ -349,8 +349,8 @@ np.save(sys.argv[3], out)
 
 def test_without_numba_a_real_resnet_on_the_blas_threads_matches_onnxruntime(tmp_path):
     """The onnx package's ResNet-50 (random weights), baked here, then read and run at 2 threads in a process
-    without numba (as a deploy script runs it): its GEMMs run on OpenBLAS's threads, and the result is
-    onnxruntime's."""
+    where numba cannot be imported (compile, which loads numba for a float32 CNN, goes on without it): its GEMMs
+    run on OpenBLAS's threads, and the result is onnxruntime's."""
     import onnxruntime as ort
     from test_partial_eval import _light_resnet_with_random_weights
 

@@ -17,10 +17,13 @@ import struct
 import tempfile
 from pathlib import Path
 
-import numba
 import platformdirs
 
+from .cpu_hold import unheld
 from .files import use_cache_folder
+
+with unheld():  # numba sizes its thread pool from the importing thread's CPU set (cpu_hold.py)
+    import numba
 
 
 def _usable(d: Path, *, private: bool) -> bool:

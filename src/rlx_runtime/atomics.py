@@ -8,12 +8,12 @@ from __future__ import annotations
 import os
 import platform
 
+from rlx_format.numba_setup import numba  # first: numba's import goes through rlx's set-up
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from rlx_format.numba_setup import numba
 
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686", "x86")
 

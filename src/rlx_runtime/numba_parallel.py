@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+from rlx_format.cpu_hold import unheld
 from rlx_format.numba_setup import numba
 
 from .thread_local import before_parallel, forward_threads_here
@@ -17,6 +18,7 @@ if numba.config.THREADING_LAYER == "default":
 # The workqueue layer aborts the process if two Python threads enter parallel kernels at once, so
 # every parallel numba call in rlx goes through this lock (uncontended it costs ~0.1 us).
 PARALLEL_LOCK = threading.Lock()
+_launched = False  # numba's worker threads started (with the caller's CPU set from before any hold)
 
 
 def parallel_call(fn, *args):
@@ -24,8 +26,16 @@ def parallel_call(fn, *args):
     default is every core, so a 1-thread forward used two here: GELU on 8x128x1536 took 3.3 ms that way, 4.3 ms on
     one), and the worker pool's idle threads stop polling first (a polling worker on the second core made that
     GELU 4.0 ms)."""
+    global _launched
     n = forward_threads_here()
     with PARALLEL_LOCK:
+        if not _launched:
+            # numba starts its workers at the first parallel call, and they inherit this thread's CPU set: launched
+            # inside a forward's hold, both workers shared the caller's one CPU (a Q8_0 GEMV of 4096x4096 weights at
+            # 2 threads 1.27 ms, as at 1 thread; 0.74 ms launched on both CPUs)
+            with unheld():
+                numba.get_num_threads()  # launches them
+            _launched = True
         if n is None:
             return fn(*args)
         if n > 1:

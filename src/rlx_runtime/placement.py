@@ -21,6 +21,8 @@ import functools
 import os
 from typing import NamedTuple
 
+from rlx_format import cpu_hold
+
 
 class Hold(NamedTuple):
     """The caller's CPU for this forward and the allowed set to put back afterwards."""
@@ -61,12 +63,14 @@ def hold_caller(threads: int) -> Hold | None:
     if len(allowed) < 2 or threads < len(allowed) or cpu not in allowed:
         return None
     os.sched_setaffinity(0, {cpu})
+    cpu_hold.note_hold(allowed)
     return Hold(cpu, allowed)
 
 
 def release_caller(hold: Hold) -> None:
     """Put this thread's allowed set back as hold_caller found it."""
     os.sched_setaffinity(0, hold.allowed)
+    cpu_hold.note_hold(None)
 
 
 def keep_off(thread_id: int, cpus: frozenset[int]) -> None:

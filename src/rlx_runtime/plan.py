@@ -74,8 +74,9 @@ def _column_major(w: np.ndarray) -> np.ndarray:
     return aligned.array(w.T).T if w.dtype == np.float32 else np.asfortranarray(w)
 
 
-# ops whose CPU kernel loads numba whatever their input (the erf and sigmoid ufuncs, which LSTM and GRU gates use too)
-NUMBA_OPS = frozenset({"Sigmoid", "Silu", "Erf", "LSTM", "GRU"})
+# ops whose CPU kernel loads numba whatever their input (the erf and sigmoid ufuncs, which LSTM and GRU gates use too;
+# the quant kernels)
+NUMBA_OPS = frozenset({"Sigmoid", "Silu", "Erf", "LSTM", "GRU", "DequantMatMul", "Dequantize"})
 
 
 def loads_numba(graph: Graph) -> bool:
@@ -90,13 +91,31 @@ def loads_numba(graph: Graph) -> bool:
                    & {"Sigmoid", "Silu"}) for n in graph.nodes)
 
 
+# ops whose CPU kernels have numba paths well ahead of their numpy ones for float32 (the direct and pointwise convs
+# with their epilogues in the stores, the row-block MaxPool): ResNet-50's forward ran 1.2-1.5x faster with numba
+# loaded than on im2col + BLAS and numpy passes, which is how it ran in a process that never imported numba
+NUMBA_FASTER_OPS = frozenset({"Conv", "FusedConv", "MaxPool", "SqueezeExcite"})
+
+
+def wants_numba(graph: Graph) -> bool:
+    """Whether a CPU compile of `graph` loads numba first: every forward loads it (`loads_numba`), or the graph has a
+    float32 op of NUMBA_FASTER_OPS. Numba's import (~0.1-0.3 s) and its kernels' cache loads then fall in the compile
+    and first forward, and every forward, the first included, takes the same (numba) kernels."""
+    return loads_numba(graph) or any(
+        n.op in NUMBA_FASTER_OPS and n.name in graph.types and graph.types[n.name].dtype == "f32" for n in graph.nodes)
+
+
 class Plan:
     def __init__(self, graph: Graph, backend: Backend):
         self.graph = graph
         self.backend = backend
         self.xp = backend.xp
-        if backend.host_arrays and "numba" not in sys.modules and loads_numba(graph):
-            import rlx_format.numba_setup  # noqa: F401 - loads numba with rlx's settings
+        if backend.host_arrays and "numba" not in sys.modules and wants_numba(graph):
+            try:
+                import rlx_format.numba_setup  # noqa: F401 - loads numba with rlx's settings
+            except ImportError:
+                if loads_numba(graph):  # its kernels need numba; the others have their numpy path
+                    raise
         slot: dict[str, int] = {}
         for v in graph.inputs + graph.params:
             slot[v.name] = len(slot)

@@ -19,12 +19,12 @@ import threading
 import time
 
 import numpy as np
+from rlx_format.numba_setup import numba  # first: numba's import goes through rlx's set-up
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from rlx_format.numba_setup import numba
 
 from .atomics import add as _add
 from .atomics import backoff as _backoff

@@ -20,12 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+from rlx_format.numba_setup import numba  # first: numba's import goes through rlx's set-up
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from rlx_format.numba_setup import numba
 
 _I8, _I32, _I64, _F32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
 GROUP = 8  # blocks whose fp16 scales are converted together (one vector)

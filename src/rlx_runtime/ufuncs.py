@@ -20,11 +20,11 @@ import functools
 import math
 
 import numpy as np
+from rlx_format.numba_setup import numba  # first: numba's import goes through rlx's set-up
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from rlx_format.numba_setup import numba
 
 from . import threads
 from .erf_tables import (DEG, FAST_BIG_HEX, FAST_ONE, FAST_SMALL_HEX, FAST_SPLIT, FAST_TOL, HI, LO, POLYS_HEX,
