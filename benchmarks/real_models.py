@@ -5,9 +5,12 @@ fine for speed), a small YOLO-like detector built with the onnx helper API (Conv
 x * Sigmoid(x), a depthwise block, an upsample + concat neck and a Sigmoid head), torch exports with random
 weights at real sizes (benchmarks/torch_models.py: MobileNetV3-small, EfficientNet-B0, a GPT-2 small
 decoding step, a 2-layer LSTM and a 2-layer GRU; skipped without torch) and MiniLM (batch 8, seq 128;
-skipped when its weights are not installed). Threads: onnxruntime intra_op_num_threads; rlx
-numba.set_num_threads and threadpoolctl's BLAS limit; rlx and onnxruntime are timed in alternating
-rounds. "load + first forward" is read_rlx + compile + one run in a fresh process; "no scipy" is the same
+skipped when its weights are not installed). Each model's forward rows are timed in a fresh process that imports
+rlx, onnxruntime and threadpoolctl only, as a deploy script would (numba is loaded there only if rlx's compile loads
+it; a process that had imported numba for something else ran ResNet-50 on other kernels than a deploy script did).
+Threads: onnxruntime intra_op_num_threads; rlx numba.set_num_threads (when numba is loaded) and threadpoolctl's BLAS
+limit; rlx and onnxruntime are timed in alternating rounds. "load + first forward" is read_rlx + compile + one run
+in a fresh process; "no scipy" is the same
 with scipy made unimportable, as in a venv with only rlx's dependencies (numba imports scipy when it is
 there, ~0.2 s of its one-off setup). Goals (issue #22):
 each model <= 1.5x onnxruntime (geometric mean <= 1.0x); first forward after load < 0.5 s.
@@ -19,6 +22,7 @@ Run alone with `python benchmarks/real_models.py [--profile] [--only TEXT]` (--p
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -33,10 +37,7 @@ from onnx import TensorProto, helper, numpy_helper
 from threadpoolctl import threadpool_limits
 
 from common import Row, best_interleaved, env_note, print_rows
-from rlx_bake import BakeOptions, bake
-from rlx_bake.onnx import import_onnx
-from rlx_format import read_rlx, write_rlx
-from rlx_format.numba_setup import numba
+from rlx_format import read_rlx
 from rlx_runtime import Session
 
 R = np.random.default_rng(0)
@@ -133,14 +134,12 @@ print(time.perf_counter() - t0)
 _PYCACHE = tempfile.TemporaryDirectory(prefix="rlx-bench-pycache-")  # the fresh processes' bytecode, this run only
 
 
-def _first_forward(tmp: Path, feeds: dict, mode: str = "as-installed") -> float:
+def _first_forward(tmp: Path, mode: str = "as-installed") -> float:
     """read_rlx + compile + the first run in a fresh process (imports done before the clock starts;
     numba kernels come from the on-disk cache, which the previous runs filled, and Python's bytecode from a
     pycache folder, as in an installed package: with PYTHONDONTWRITEBYTECODE set, as on these VMs, each process
     compiled the modules the first forward imports from source, ~40-70 ms)."""
-    np.savez(tmp / "feeds.npz", **feeds)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    env.update(PYTHONPATH=os.pathsep.join(sys.path), PYTHONPYCACHEPREFIX=_PYCACHE.name)
+    env = _env()
     times = []
     for _ in range(2):  # the first run may still fill the numba cache for a new source tree, and writes the bytecode
         r = subprocess.run([sys.executable, "-c", _FIRST, str(tmp), mode], capture_output=True, text=True, check=True,
@@ -150,8 +149,55 @@ def _first_forward(tmp: Path, feeds: dict, mode: str = "as-installed") -> float:
 
 
 def _set_threads(n: int):
-    numba.set_num_threads(n)
+    numba = sys.modules.get("numba")
+    if numba is not None:  # loaded by rlx's compile (or a kernel); else rlx runs no numba code
+        numba.set_num_threads(n)
     return threadpool_limits(limits=n, user_api="blas")
+
+
+def _env(extra_path: str = "") -> dict:
+    """The fresh processes' environment: this process's import path, bytecode from a pycache folder."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.update(PYTHONPATH=os.pathsep.join([extra_path, *sys.path] if extra_path else sys.path),
+               PYTHONPYCACHEPREFIX=_PYCACHE.name)
+    return env
+
+
+def _forward_rows(name: str, tmp: Path, threads: list[int], profile: bool) -> dict:
+    """The forward timings, timed by this script's --forward mode in a fresh process (see the module docstring)."""
+    cmd = [sys.executable, __file__, "--forward", str(tmp), "--threads", ",".join(map(str, threads)), "--name", name]
+    r = subprocess.run(cmd + ["--profile"] * profile, capture_output=True, text=True, check=False,
+                       env=_env(str(Path(__file__).parent)), timeout=1800)
+    if r.returncode:
+        raise RuntimeError(f"the forward process for {tmp} failed:\n{r.stderr[-3000:]}")
+    lines = r.stdout.splitlines()
+    print("\n".join(lines[:-1]), end="\n" if len(lines) > 1 else "")  # the --profile tables
+    return json.loads(lines[-1])
+
+
+def forward(name: str, tmp: Path, threads: list[int], profile: bool) -> dict:
+    """--forward: load tmp/model.rlx and tmp/model.onnx, check rlx's outputs against onnxruntime's, time both at
+    each thread count; prints the per-thread times (and whether rlx loaded numba) as JSON on its last line."""
+    feeds = dict(np.load(tmp / "feeds.npz"))
+    compiled = Session().compile(read_rlx(tmp / "model.rlx"))
+    out = compiled.run(feeds)
+    times, ref = [], None
+    for n in threads:
+        sess_opts = ort.SessionOptions()
+        sess_opts.intra_op_num_threads = n
+        sess_opts.inter_op_num_threads = 1
+        sess = ort.InferenceSession(str(tmp / "model.onnx"), sess_opts, providers=["CPUExecutionProvider"])
+        if ref is None:
+            ref = sess.run(None, feeds)
+            for r, o in zip(ref, compiled.output_names):
+                np.testing.assert_allclose(out[o], r, rtol=2e-3, atol=2e-4)
+        with _set_threads(n):
+            t_rlx, t_ort = best_interleaved(lambda c=compiled, f=feeds: c.run(f),
+                                             lambda s=sess, f=feeds: s.run(None, f))
+            if profile:
+                _print_profile(name, n, compiled, feeds)
+        times.append((n, t_rlx, t_ort))
+    return {"numba": "numba" in sys.modules, "times": times}
 
 
 def _models(only: str = ""):
@@ -187,6 +233,10 @@ def _models(only: str = ""):
 
 
 def main(profile: bool = False, only: str = "") -> list[Row]:
+    from rlx_bake import BakeOptions, bake  # here, not at the top: the --forward process imports no bake code
+    from rlx_bake.onnx import import_onnx
+    from rlx_format import write_rlx
+
     rows = []
     threads = [1, 2] if (os.cpu_count() or 1) >= 2 else [1]
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
@@ -197,32 +247,19 @@ def main(profile: bool = False, only: str = "") -> list[Row]:
             g, ws = import_onnx(path) if source is None else source
             rf, _ = bake(g, ws, BakeOptions.from_profile("exact"))
             write_rlx(Path(tmp) / "model.rlx", rf)
-            t_first = _first_forward(Path(tmp), feeds)
-            compiled = Session().compile(read_rlx(Path(tmp) / "model.rlx"))
-            out = compiled.run(feeds)
+            np.savez(Path(tmp) / "feeds.npz", **feeds)
+            t_first = _first_forward(Path(tmp))
             rows.append(Row("real", f"{name} load + first forward", t_first, 0.5, "(absolute s)", "<= 1.0x",
                             unit="s"))
-            t_bare = _first_forward(Path(tmp), feeds, "without-scipy")
+            t_bare = _first_forward(Path(tmp), "without-scipy")
             rows.append(Row("real", f"{name} first forward, no scipy", t_bare, 0.5, "(absolute s)", "<= 1.0x",
                             unit="s"))
-            ref = None
-            for n in threads:
-                sess_opts = ort.SessionOptions()
-                sess_opts.intra_op_num_threads = n
-                sess_opts.inter_op_num_threads = 1
-                sess = ort.InferenceSession(str(path), sess_opts, providers=["CPUExecutionProvider"])
-                if ref is None:
-                    ref = sess.run(None, feeds)
-                    for r, o in zip(ref, compiled.output_names):
-                        np.testing.assert_allclose(out[o], r, rtol=2e-3, atol=2e-4)
-                with _set_threads(n):
-                    t_rlx, t_ort = best_interleaved(lambda c=compiled, f=feeds: c.run(f),
-                                                     lambda s=sess, f=feeds: s.run(None, f))
-                    if profile:
-                        _print_profile(name, n, compiled, feeds)
+            fwd = _forward_rows(name, Path(tmp), threads, profile)
+            print(f"[real_models: {name}: the deploy process {'loaded' if fwd['numba'] else 'did not load'} numba]",
+                  file=sys.stderr)
+            for n, t_rlx, t_ort in fwd["times"]:
                 rows.append(Row("real", f"{name} forward, {n} thread{'s' * (n > 1)}", t_rlx, t_ort, "onnxruntime",
                                 "<= 1.5x"))
-            numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
     fwd = [r for r in rows if r.peer_name == "onnxruntime"]
     if fwd:
         gm = float(np.exp(np.mean([np.log(r.ratio) for r in fwd])))
@@ -248,6 +285,13 @@ if __name__ == "__main__":
     parser.add_argument("--profile", action="store_true", help="print rlx's per-op times per model")
     parser.add_argument("--only", default="", metavar="TEXT",
                         help="keep the models whose name contains TEXT (case-insensitive), e.g. mobilenet")
+    parser.add_argument("--forward", type=Path, help=argparse.SUPPRESS)  # internal: one model's forward process
+    parser.add_argument("--threads", default="1", help=argparse.SUPPRESS)
+    parser.add_argument("--name", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.forward:
+        result = forward(args.name, args.forward, [int(n) for n in args.threads.split(",")], args.profile)
+        print(json.dumps(result))
+        sys.exit(0)
     print(env_note())
     print_rows(main(profile=args.profile, only=args.only))
