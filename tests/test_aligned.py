@@ -106,6 +106,17 @@ def test_zeros_and_array_start_on_a_line(shape):
         np.testing.assert_array_equal(a, src.astype(np.float32))
 
 
+@pytest.mark.parametrize("shape", [(1, 1), (3, 200), (130, 65), (64, 64), (65, 129)], ids=str)
+def test_array_of_a_transposed_matrix_copies_every_column_block(shape):
+    """aligned.array copies a transposed matrix (an F-ordered view) COPY_BLOCK columns at a time: every block, the
+    last partial one included, holds the source's values; float64 and float32 sources alike."""
+    for dtype in (np.float32, np.float64):
+        src = RNG.standard_normal(shape).astype(dtype)
+        a = aligned.array(src.T)
+        assert a.shape == shape[::-1] and a.flags.c_contiguous and _start(a) == 0
+        np.testing.assert_array_equal(a, src.T.astype(np.float32))
+
+
 def test_packed_weights_start_on_a_line():
     """The weights kernels pack once per compile and load as vectors: an LSTM's Rᵀ panels, a dense conv's channel
     blocks, a depthwise conv's tap blocks, a 1x1-pixel conv's transpose (the same values as the plain layouts)."""

