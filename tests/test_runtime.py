@@ -354,8 +354,9 @@ def test_a_graph_that_loads_numba_loads_it_at_compile_so_the_first_forward_is_ev
     """LayerNorm, then an exact Gelu (whose kernel loads numba), in a fresh process: compile loads numba, so the
     first forward's LayerNorm already takes its numba row kernel (other bits than the numpy steps) and equals the
     second forward bit for bit; so does a DequantMatMul (its CPU kernel is numba's), and a float32 conv graph (its
-    numba conv and pool kernels run ResNet-50 1.2-1.5x faster than the numpy path), while a Relu graph or a float64
-    conv leaves numba unloaded."""
+    numba conv and pool kernels run ResNet-50 1.2-1.5x faster than the numpy path) and a LayerNorm graph with 8 MiB
+    of float32 weights (a row kernel beats numpy's steps once weights stream through the caches), while a Relu
+    graph, a float64 conv or a LayerNorm with 4 MiB of weights leaves numba unloaded."""
     import subprocess
     import sys
     head = "import sys, numpy as np\nfrom rlx_format import GraphBuilder\nfrom rlx_runtime import Session\n"
@@ -376,7 +377,13 @@ def test_a_graph_that_loads_numba_loads_it_at_compile_so_the_first_forward_is_ev
           "w = g.constant(np.zeros((8, 68), np.uint8), name='w')\n"
           "g.output(g.dequant_mat_mul(x, w, encoding='gguf_q8_0', N=8, K=64, name='y'))\n"
           "Session().compile(g.build())\nprint('numba' in sys.modules)\n")
+    ln = (head + "rng = np.random.default_rng(0)\ng = GraphBuilder()\nx = g.input('x', 'f32', [1, 1024])\n"
+          "w = g.constant(rng.standard_normal((1024, {rows})).astype(np.float32), name='w')\n"
+          "s = g.constant(np.ones(1024, np.float32), name='s')\n"
+          "g.output(g.op('MatMul', g.op('LayerNorm', x, s, axis=-1, epsilon=1e-5), w, name='y'))\n"
+          "Session().compile(g.build())\nprint('numba' in sys.modules)\n")
     for code, want in ((gelu, ["True", "True"]), (relu, ["False"]), (q8, ["True"]),
+                       (ln.format(rows=2048), ["True"]), (ln.format(rows=1024), ["False"]),
                        (conv.format(dt="f32", npdt="np.float32"), ["True"]),
                        (conv.format(dt="f64", npdt="np.float64"), ["False"])):
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

@@ -95,14 +95,27 @@ def loads_numba(graph: Graph) -> bool:
 # with their epilogues in the stores, the row-block MaxPool): ResNet-50's forward ran 1.2-1.5x faster with numba
 # loaded than on im2col + BLAS and numpy passes, which is how it ran in a process that never imported numba
 NUMBA_FASTER_OPS = frozenset({"Conv", "FusedConv", "MaxPool", "SqueezeExcite"})
+# ops whose numba row kernels (one call a row block) beat their numpy steps (~9 ufunc calls) in a model whose weights
+# stream through the caches every forward: after each GEMV of a GPT-2 decoding step a 768-wide LayerNorm's numpy
+# steps took 39-50 us, not their 12 us hot (numpy's and the interpreter's own state evicted). The step loaded with
+# numba: 0.92-0.95x the time at 1 and 2 threads; its load + first forward 0.17-0.19 -> ~0.44 s
+NUMBA_FASTER_ROW_OPS = frozenset({"LayerNorm", "Softmax"})
+NUMBA_WEIGHT_BYTES = 8 << 20  # float32 constants from which NUMBA_FASTER_ROW_OPS load numba (beyond a 2 MB L2)
 
 
 def wants_numba(graph: Graph) -> bool:
-    """Whether a CPU compile of `graph` loads numba first: every forward loads it (`loads_numba`), or the graph has a
-    float32 op of NUMBA_FASTER_OPS. Numba's import (~0.1-0.3 s) and its kernels' cache loads then fall in the compile
-    and first forward, and every forward, the first included, takes the same (numba) kernels."""
-    return loads_numba(graph) or any(
-        n.op in NUMBA_FASTER_OPS and n.name in graph.types and graph.types[n.name].dtype == "f32" for n in graph.nodes)
+    """Whether a CPU compile of `graph` loads numba first: every forward loads it (`loads_numba`), the graph has a
+    float32 op of NUMBA_FASTER_OPS, or one of NUMBA_FASTER_ROW_OPS and at least NUMBA_WEIGHT_BYTES of float32
+    constants. Numba's import (~0.1-0.3 s) and its kernels' cache loads then fall in the compile and first forward,
+    and every forward, the first included, takes the same (numba) kernels."""
+    def f32(n) -> bool:
+        return n.name in graph.types and graph.types[n.name].dtype == "f32"
+
+    if loads_numba(graph) or any(n.op in NUMBA_FASTER_OPS and f32(n) for n in graph.nodes):
+        return True
+    return (any(n.op in NUMBA_FASTER_ROW_OPS and f32(n) for n in graph.nodes)
+            and sum(c.value.nbytes for c in graph.constants.values()
+                    if c.value is not None and c.value.dtype == np.float32) >= NUMBA_WEIGHT_BYTES)
 
 
 class Plan:
