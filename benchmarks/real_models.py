@@ -6,8 +6,8 @@ x * Sigmoid(x), a depthwise block, an upsample + concat neck and a Sigmoid head)
 weights at real sizes (benchmarks/torch_models.py: MobileNetV3-small, EfficientNet-B0, a GPT-2 small
 decoding step, a 2-layer LSTM and a 2-layer GRU; skipped without torch) and MiniLM (batch 8, seq 128;
 skipped when its weights are not installed). Each model's forward rows are timed in a fresh process that imports
-rlx, onnxruntime and threadpoolctl only, as a deploy script would (numba is loaded there only if rlx's compile loads
-it; a process that had imported numba for something else ran ResNet-50 on other kernels than a deploy script did).
+rlx, onnx, onnxruntime and threadpoolctl only, as a deploy script would (numba is loaded there only if rlx loads it;
+a process that had imported numba for something else ran ResNet-50 on other kernels than a deploy script did).
 Threads: onnxruntime intra_op_num_threads; rlx numba.set_num_threads (when numba is loaded) and threadpoolctl's BLAS
 limit; rlx and onnxruntime are timed in alternating rounds. "load + first forward" is read_rlx + compile + one run
 in a fresh process; "no scipy" is the same
@@ -163,6 +163,9 @@ def _env(extra_path: str = "") -> dict:
     return env
 
 
+_RESULT = "real_models forward result: "  # marks the --forward process's result line (JSON) on its stdout
+
+
 def _forward_rows(name: str, tmp: Path, threads: list[int], profile: bool) -> dict:
     """The forward timings, timed by this script's --forward mode in a fresh process (see the module docstring)."""
     cmd = [sys.executable, __file__, "--forward", str(tmp), "--threads", ",".join(map(str, threads)), "--name", name]
@@ -170,9 +173,9 @@ def _forward_rows(name: str, tmp: Path, threads: list[int], profile: bool) -> di
                        env=_env(str(Path(__file__).parent)), timeout=1800)
     if r.returncode:
         raise RuntimeError(f"the forward process for {tmp} failed:\n{r.stderr[-3000:]}")
-    lines = r.stdout.splitlines()
-    print("\n".join(lines[:-1]), end="\n" if len(lines) > 1 else "")  # the --profile tables
-    return json.loads(lines[-1])
+    result = [line for line in r.stdout.splitlines() if line.startswith(_RESULT)]
+    print("\n".join(line for line in r.stdout.splitlines() if not line.startswith(_RESULT)))  # --profile's tables
+    return json.loads(result[-1][len(_RESULT):])
 
 
 def forward(name: str, tmp: Path, threads: list[int], profile: bool) -> dict:
@@ -291,7 +294,7 @@ if __name__ == "__main__":
     args = parser.parse_args()
     if args.forward:
         result = forward(args.name, args.forward, [int(n) for n in args.threads.split(",")], args.profile)
-        print(json.dumps(result))
+        print(_RESULT + json.dumps(result))
         sys.exit(0)
     print(env_note())
     print_rows(main(profile=args.profile, only=args.only))

@@ -98,6 +98,34 @@ def test_no_module_imports_private_names_of_another():
     assert bad == []
 
 
+def _module_imports(node: ast.stmt) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom) and not node.level:
+        return [node.module or ""]
+    return []
+
+
+def test_numba_is_first_imported_through_rlxs_setup():
+    """Every module that imports numba or llvmlite at its top imports rlx_format.numba_setup before them: numba's
+    import there runs off a forward's CPU hold (rlx_format/cpu_hold.py), where numba sizes its thread pool, and
+    points numba's cache at rlx's folder before any kernel is decorated."""
+    late = []
+    for name, p in _modules().items():
+        if name == "rlx_format.numba_setup":
+            continue
+        seen_setup = False
+        for node in ast.parse(p.read_text()).body:
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module == "numba_setup":
+                seen_setup = True  # rlx_format's own modules: from .numba_setup import numba
+            for mod in _module_imports(node):
+                if mod == "rlx_format.numba_setup":
+                    seen_setup = True
+                elif mod.split(".")[0] in ("numba", "llvmlite") and not seen_setup:
+                    late.append(f"{name}: {mod}")
+    assert late == []
+
+
 def test_the_cli_starts_without_the_heavy_modules():
     """`rlx-bake --help` stays quick because building the CLI loads none of these (they load when a command
     runs); timing itself is benchmarked, not tested."""

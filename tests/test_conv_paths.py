@@ -734,7 +734,7 @@ def test_numba_im2col_gives_numpys_columns(xs, ws, attrs):
 
 def test_strided_convs_take_numbas_im2col_once_numba_is_loaded(monkeypatch):
     """A stride-2 3x3 conv (no tap or shifted path) builds its columns with numba when numba is loaded, and with
-    numpy when it is not (a Relu CNN's first forward does not load numba for this); the values are the same."""
+    numpy when it is not (where numba cannot be imported); the values are the same."""
     import sys
     x = RNG.standard_normal((1, 8, 20, 20)).astype(np.float32)
     w = RNG.standard_normal((16, 8, 3, 3)).astype(np.float32)

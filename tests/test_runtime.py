@@ -391,6 +391,45 @@ def test_a_graph_that_loads_numba_loads_it_at_compile_so_the_first_forward_is_ev
         assert r.stdout.split() == want
 
 
+_NUMBA_UNIMPORTABLE = """
+import sys
+class _NoNumba:  # numba cannot be imported (not installed, llvmlite's library missing): not even tried before
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "numba":
+            raise ImportError("numba blocked for this test")
+sys.meta_path.insert(0, _NoNumba())
+import numpy as np
+from rlx_format import GraphBuilder, RlxError
+from rlx_runtime import Session
+rng = np.random.default_rng(0)
+g = GraphBuilder()
+x = g.input("x", "f32", [1, 3, 8, 8])
+w = g.constant(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), name="w")
+g.output(g.op("Relu", g.op("Conv", x, w), name="y"))
+xin = rng.standard_normal((1, 3, 8, 8)).astype(np.float32)
+y = Session().compile(g.build()).run({"x": xin})["y"]  # a conv wants numba but has its numpy path
+g = GraphBuilder()
+g.output(g.op("Sigmoid", g.input("x", "f32", [4]), name="y"))
+try:
+    Session().compile(g.build())
+    print("compiled")
+except RlxError as e:
+    print("refused", "numba could not be imported (ImportError: numba blocked" in str(e), "pip install numba" in str(e))
+print(y.shape == (1, 4, 6, 6) and bool(np.all(y >= 0)), "numba" in sys.modules)
+"""
+
+
+def test_without_numba_a_conv_graph_compiles_and_a_graph_that_needs_numba_is_refused_clearly():
+    """In a process where numba cannot be imported: a float32 conv graph, for which compile would load numba, compiles
+    and runs on its numpy path; a Sigmoid graph, whose kernel needs numba, is refused at compile with an RlxError
+    that says why and how to fix it."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", _NUMBA_UNIMPORTABLE], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["refused", "True", "True", "True", "False"]
+
+
 @pytest.mark.parametrize("ctm", ["asymmetric", "half_pixel", "pytorch_half_pixel", "align_corners",
                                  "tf_half_pixel_for_nn"])
 @pytest.mark.parametrize("nearest", ["floor", "ceil", "round_prefer_floor", "round_prefer_ceil"])

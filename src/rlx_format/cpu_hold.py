@@ -29,12 +29,14 @@ def unheld() -> Iterator[None]:
     """Run the block with this thread on its CPU set from before its hold, then hold it again (nothing changes for a
     thread that is not held)."""
     allowed = getattr(_local, "allowed", None)
-    if allowed is None:
-        yield
-        return
-    now = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, allowed)
+    now = os.sched_getaffinity(0) if allowed is not None else None
+    if now is not None:
+        try:
+            os.sched_setaffinity(0, allowed)
+        except OSError:  # the set is no longer allowed (a cgroup's cpuset shrank): stay as held
+            now = None
     try:
         yield
     finally:
-        os.sched_setaffinity(0, now)
+        if now is not None:
+            os.sched_setaffinity(0, now)

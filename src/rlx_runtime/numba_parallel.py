@@ -18,7 +18,7 @@ if numba.config.THREADING_LAYER == "default":
 # The workqueue layer aborts the process if two Python threads enter parallel kernels at once, so
 # every parallel numba call in rlx goes through this lock (uncontended it costs ~0.1 us).
 PARALLEL_LOCK = threading.Lock()
-_launched = False  # numba's worker threads started (with the caller's CPU set from before any hold)
+_launched = False  # a parallel call has run (numba's workers started, off any hold)
 
 
 def parallel_call(fn, *args):
@@ -29,21 +29,27 @@ def parallel_call(fn, *args):
     global _launched
     n = forward_threads_here()
     with PARALLEL_LOCK:
-        if not _launched:
-            # numba starts its workers at the first parallel call, and they inherit this thread's CPU set: launched
-            # inside a forward's hold, both workers shared the caller's one CPU (a Q8_0 GEMV of 4096x4096 weights at
-            # 2 threads 1.27 ms, as at 1 thread; 0.74 ms launched on both CPUs)
-            with unheld():
-                numba.get_num_threads()  # launches them
-            _launched = True
-        if n is None:
-            return fn(*args)
-        if n > 1:
-            for hook in before_parallel:
-                hook()
-        old = numba.get_num_threads()
-        numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
-        try:
-            return fn(*args)
-        finally:
-            numba.set_num_threads(old)
+        if _launched:
+            return _call(fn, args, n)
+        _launched = True
+        # numba starts its workers at the first thread query (workqueue) or parallel region (OpenMP, TBB), and they
+        # inherit the CPU set of the thread that starts them: started inside a forward's hold, both workers shared
+        # the caller's one CPU (a Q8_0 GEMV of 4096x4096 weights at 2 threads 1.27 ms, as at 1 thread; 0.74 ms
+        # started on both CPUs). So the first call runs whole off the hold.
+        with unheld():
+            return _call(fn, args, n)
+
+
+def _call(fn, args: tuple, n: int | None):
+    """fn(*args) on n of numba's threads (its own setting outside a forward, n None); under PARALLEL_LOCK."""
+    if n is None:
+        return fn(*args)
+    if n > 1:
+        for hook in before_parallel:
+            hook()
+    old = numba.get_num_threads()
+    numba.set_num_threads(max(1, min(n, numba.config.NUMBA_NUM_THREADS)))
+    try:
+        return fn(*args)
+    finally:
+        numba.set_num_threads(old)

@@ -118,17 +118,33 @@ def wants_numba(graph: Graph) -> bool:
                     if c.value is not None and c.value.dtype == np.float32) >= NUMBA_WEIGHT_BYTES)
 
 
+_numba_failure: str | None = None  # why numba could not be imported in this process (tried once)
+
+
+def _load_numba(needed: bool) -> None:
+    """Import numba with rlx's settings. Where it cannot be imported (not installed, llvmlite's library missing, a
+    platform it does not support) a graph whose kernels need it gets a clear error; the others go on with their numpy
+    paths, and later compiles do not try again."""
+    global _numba_failure
+    if _numba_failure is None:
+        try:
+            import rlx_format.numba_setup  # noqa: F401 - loads numba with rlx's settings
+            return
+        except Exception as e:  # noqa: BLE001 - ImportError, llvmlite's OSError, numba's own RuntimeErrors
+            _numba_failure = f"{type(e).__name__}: {e}"
+    if needed:
+        raise RlxError(f"numba could not be imported ({_numba_failure}); this graph's CPU kernels need it (an op "
+                       f"among {sorted(NUMBA_OPS)}, an exact Gelu or a Sigmoid/SiLU conv epilogue): install numba "
+                       "(`pip install numba`) or run the graph on another device")
+
+
 class Plan:
     def __init__(self, graph: Graph, backend: Backend):
         self.graph = graph
         self.backend = backend
         self.xp = backend.xp
-        if backend.host_arrays and "numba" not in sys.modules and wants_numba(graph):
-            try:
-                import rlx_format.numba_setup  # noqa: F401 - loads numba with rlx's settings
-            except ImportError:
-                if loads_numba(graph):  # its kernels need numba; the others have their numpy path
-                    raise
+        if backend.host_arrays and sys.modules.get("numba") is None and wants_numba(graph):
+            _load_numba(needed=loads_numba(graph))
         slot: dict[str, int] = {}
         for v in graph.inputs + graph.params:
             slot[v.name] = len(slot)

@@ -300,8 +300,8 @@ def _conv_path(a, shape: tuple, dtype, w: np.ndarray, epilogue, bound: bool = Fa
         if conv_shifted.use_shifted(shape, dtype, w, strides, a["group"], out_sp):
             return lambda x, ep: conv_shifted.conv2d_shifted(x, w, dil, pads, out_sp, ep)
         if dtype == np.float32 and _numba_loaded():
-            # the same columns either way; numba's copy only once numba is loaded anyway (a Relu CNN's first
-            # forward does not pay its start-up for this)
+            # the same columns either way; numba's copy only once numba is loaded anyway (compile loads it for a
+            # float32 conv graph; a process where numba cannot be imported takes numpy's)
             return lambda x, ep: conv_nobias(np, a, x, w, ep, _im2col_numba)
     return None if bound else lambda x, ep: conv_nobias(np, a, x, w, ep)
 
@@ -485,8 +485,8 @@ def _tiny_pointwise(a, shape: tuple, w) -> bool:
 
 @kernel("FusedConv", backend="cpu")
 def _fused_conv_cpu(xp, a, x, w, b=None, residual=None):
-    """Relu before numba is loaded: the conv's own fresh result made non-negative in place (a Relu CNN's first
-    forward does not pay numba's load). float32 Relu once numba is loaded, and Sigmoid/Silu/LeakyRelu/Clip/HardSwish:
+    """Relu before numba is loaded: the conv's own fresh result made non-negative in place (float64, or a process
+    where numba cannot be imported). float32 Relu once numba is loaded, and Sigmoid/Silu/LeakyRelu/Clip/HardSwish:
     the GEMM, then bias, residual and activation in one numba pass over each output row while it is in cache (a
     16->72 Relu conv at 56x56: 104 us in three passes, 70 us; ResNet-50's residual Add and Relu of a 256x56x56
     output took 0.8 and 0.6 ms as passes of their own). The values are the unfused ones either way."""
