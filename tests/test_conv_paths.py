@@ -547,7 +547,7 @@ POINTWISE = [((1, 24, 14, 15), 37), ((1, 512, 10, 20), 27), ((2, 16, 9, 9), 72),
 
 def test_the_pointwise_cases_cross_panels():
     from rlx_runtime.pool_kernels import panel_columns
-    from rlx_runtime.simd import FEW_ROWS_UNIT as u  # panels are whole passes of the CPU's tile (32 or 24 columns)
+    from rlx_runtime.simd import FEW_ROWS_UNIT as u  # panels are whole passes of the CPU's tile (48 or 24 columns)
     assert panel_columns(512) == 64 // u * u and panel_columns(16) == 2048 // u * u and panel_columns(5000) == u
 
 

@@ -304,8 +304,9 @@ def test_global_average_pool_by_the_vector_sums_matches_float64():
 
 # ------------------------------------------------------- the few-rows GEMM's register tiles (skinny_f32, gather_f32)
 
-# AVX-512's, AVX2's, AVX2's before, one whose passes do not divide SKINNY_ROWS, one of 2 vectors a pass
-_TILES = [(8, 32), (4, 8, 3), (4, 16), (3, 8), (4, 8, 2)]
+# AVX-512's, AVX-512's panels' (the recurrent steps), AVX2's, AVX2's before, one whose passes do not divide SKINNY_ROWS,
+# one of 2 vectors a pass
+_TILES = [(8, 16, 3), (8, 32), (4, 8, 3), (4, 16), (3, 8), (4, 8, 2)]
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ activations, no clip, no peepholes, no input_forget and no sequence_lens, and fl
 Each step was about ten numpy calls and a split GEMM hand-off, ~95 us of Python and dispatch around its 26 us GEMM
 (a 2-layer 256-hidden LSTM at batch 8: 120 us a step against onnxruntime's 53). Here a whole direction's steps run
 in one call. The values are the generic kernel's steps, in the same float32 operations: the state times Rᵀ by
-the few-rows GEMM (what its MatMul takes for 2-16 rows; here simd.gather_f32 over Rᵀ's column panels),
+the few-rows GEMM (what its MatMul takes for 2-16 rows; here simd.gather_panels_f32 over Rᵀ's column panels),
 z = x·Wᵀ + b + that, the i, o, f gates by simd.sigmoid_f32, c = f·c + i·tanh(zc), h = o·tanh(c); tanh is
 ufuncs.tanh_f32_loop (numpy's tanh on the generic path: they differ by an ulp or two).
 
@@ -19,22 +19,24 @@ computed the same way whichever thread computes it.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from rlx_format.numba_setup import numba
 
 from . import aligned
 from .atomics import backoff, fetch_add, load, store
-from .simd import FEW_ROWS_SPAN, SKINNY_ROWS, gather_f32, sigmoid_f32
+from .simd import PANEL_TILE, SKINNY_ROWS, gather_panels_f32, sigmoid_f32
 from .ufuncs import tanh_f32_loop
 
-PANEL = FEW_ROWS_SPAN  # columns of Rᵀ per panel: one column block of the few-rows GEMM (256 on AVX-512, 96 on AVX2)
+PANEL = math.prod(PANEL_TILE)  # columns of Rᵀ per panel: a column block of gather_panels_f32 (256 AVX-512, 96 AVX2)
 
 
 def pack_panels(rt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Rᵀ (k, n) float32 as (panels (ceil(n / PANEL), k, PANEL), offsets (panels, k) int64): panel p holds columns
     p*PANEL .. (p+1)*PANEL - 1 of every row, contiguous (the last zero-padded), and offsets[p, i] + col is where
-    column col of row i is in the flat panels, for col in that panel (simd.gather_f32's row offsets). A step's
+    column col of row i is in the flat panels, for col in that panel (simd.gather_panels_f32's row offsets). A step's
     GEMM then reads each panel as one stream: Rᵀ's rows, 4H floats apart (4 KiB and more: a page apart), left the
     prefetchers idle (8x256 @ 256x1024: 62 GMAC/s as rows of Rᵀ, 76 as panels). A panel is a column block of the
     kernel, whose passes of few rows take several vectors side by side (32-column panels held them to one). The
@@ -85,7 +87,8 @@ def _recurrence(z, hin, pf, offsets, g0, g1, n, hid, j0, w, b0, b1):  # pragma: 
             p = col // PANEL
             stop = min(end, (p + 1) * PANEL)
             for r0 in range(b0, b1, SKINNY_ROWS):
-                gather_f32(z[r0 * n:], hin[r0 * hid:], pf, offsets[p], min(b1 - r0, SKINNY_ROWS), hid, n, col, stop)
+                gather_panels_f32(z[r0 * n:], hin[r0 * hid:], pf, offsets[p], min(b1 - r0, SKINNY_ROWS), hid, n,
+                                  col, stop)
             col = stop
 
 

@@ -587,7 +587,19 @@ SKINNY_ROWS = 8  # rows of x that skinny_f32 and gather_f32 take per call
 # A third element: vectors per pass of a whole tile's rows (1 if absent). On AVX2 4 rows x 3 vectors of 8 lanes (12
 # ymm accumulators; per step 4 broadcasts and 3 loads feed 12 fma, where 4 x 16 lanes fed 8 fma with 6): MobileNetV3's
 # pointwise convs on 7x7 planes 43-49 GMAC/s against 22-28, on 14x14 planes 44-46 against 39-40 (Zen 3, 1 thread).
-FEW_ROWS_TILE = (8, 32) if AVX512 else (4, 8, 3)
+# On AVX-512 8 rows x 3 vectors of 16 lanes (24 zmm accumulators; per step 8 broadcasts and 3 loads feed 24 fma,
+# where 8 x 2 vectors fed 16 with 10) since session 32. Hot, 1 thread, Xeon (rocketlake), pointwise convs with bias +
+# Relu against 8 x 32: ResNet-50's 128->512 and 512->128 at 28x28, 256->1024 and 1024->256 at 14x14 0.79-0.94x the
+# time; on 7x7 planes (512<->2048) 1.04-1.15x (a 49-pixel row is one 48-column pass and a masked vector). Whole
+# forwards, alternating processes, two rounds, rlx / onnxruntime at 1 / 2 threads: ResNet-50 1.50-1.51 -> 1.41-1.45
+# / 1.57-1.59 -> 1.49-1.53, YOLO-like (its direct convs take gather_f32) 1.44-1.46 -> 1.34-1.37 / 1.46-1.47 ->
+# 1.39-1.42, EfficientNet-B0 1.31-1.43 -> 1.29-1.34 / 1.44-1.52 -> 1.41-1.45, MobileNetV3-small level (1.34-1.36 ->
+# 1.35-1.38 / 1.47-1.50 -> 1.49-1.52).
+FEW_ROWS_TILE = (8, 16, 3) if AVX512 else (4, 8, 3)
+# the LSTM's and GRU's steps (recurrent_kernels: gather_panels_f32 over Rᵀ's column panels of PANEL_TILE's span)
+# keep 8 x 32 on AVX-512: with 8 x 48 (384-column panels; an LSTM's 1024 columns in three) their 2-thread forwards
+# ran 1.06-1.14x (LSTM) and 1.04x (GRU) the time
+PANEL_TILE = (8, 32) if AVX512 else FEW_ROWS_TILE
 FEW_ROWS_SPAN = math.prod(FEW_ROWS_TILE)  # columns of the kernels' column blocks (see below)
 FEW_ROWS_UNIT = math.prod(FEW_ROWS_TILE[1:])  # columns of a pass over a whole tile's rows: split columns by these
 
@@ -788,6 +800,7 @@ def few_rows_intrinsics(tile: tuple[int, ...] = FEW_ROWS_TILE) -> tuple:
 # after it cost a pointwise conv 13-25% of its time with a bias and Relu, 22-100% with a residual (Zen 3, 1 thread,
 # 16-128 input channels). The other activations run after, as a pass over the block.
 skinny_f32, gather_f32, skinny_epilogue_f32 = few_rows_intrinsics()
+gather_panels_f32 = few_rows_intrinsics(PANEL_TILE)[1] if PANEL_TILE != FEW_ROWS_TILE else gather_f32
 
 
 CHANNEL_BLOCK = 32  # output channels channels_f32 computes per call: 4 vectors of 8 lanes
