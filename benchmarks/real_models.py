@@ -180,7 +180,8 @@ def _forward_rows(name: str, tmp: Path, threads: list[int], profile: bool) -> di
 
 def forward(name: str, tmp: Path, threads: list[int], profile: bool) -> dict:
     """--forward: load tmp/model.rlx and tmp/model.onnx, check rlx's outputs against onnxruntime's, time both at
-    each thread count; prints the per-thread times (and whether rlx loaded numba) as JSON on its last line."""
+    each thread count; returns the per-thread times and whether rlx loaded numba (printed as JSON on the line
+    marked _RESULT)."""
     feeds = dict(np.load(tmp / "feeds.npz"))
     compiled = Session().compile(read_rlx(tmp / "model.rlx"))
     out = compiled.run(feeds)

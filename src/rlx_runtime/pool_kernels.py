@@ -25,7 +25,6 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-
 from .atomics import add as _add
 from .atomics import backoff as _backoff
 from .atomics import load as _load

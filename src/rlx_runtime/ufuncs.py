@@ -25,7 +25,6 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-
 from . import threads
 from .erf_tables import (DEG, FAST_BIG_HEX, FAST_ONE, FAST_SMALL_HEX, FAST_SPLIT, FAST_TOL, HI, LO, POLYS_HEX,
                          TAYLOR_HEX, TAYLOR_TERMS, WIDTH)
